@@ -1,0 +1,244 @@
+"""Shared machinery of the baseline schedulers.
+
+Every baseline subclasses the Helios `Scheduler` and replaces only the *selection*: which graph
+runs next and which lanes it serves. Admission, cancellation, commit checks, resource
+acquisition (slots and the full page extent, through `ResourcePool`), completion validation
+(`InvalidCompletion`, nothing changed), cost learning, `stats`, `traces` and the two-frame
+`queue` are inherited unchanged, so a baseline is a drop-in replacement wherever a
+`Scheduler` is used.
+
+Graph mapping shared by all baselines (our catalog has separate prefill and decode graphs):
+- a decode step serving n requests runs the smallest captured decode bucket B >= n;
+- a prefill step serving rows with t_i prompt tokens runs the prefill graph (B, C) of least
+  padded capacity B*C with B >= rows and C >= max t_i; a row is cut to the largest capacity
+  any shape with enough rows offers, and a row that no shape can join ends the cohort.
+The token budgets of the papers count logical tokens, never padding.
+
+Baselines that model a synchronous engine (vLLM, Sarathi-Serve, VTC/S-LoRA) keep one frame
+in flight: `plan()` returns None while the queue is not empty, and every plan carries
+`requires_feedback=True`.
+"""
+
+from __future__ import annotations
+
+from helios.config import PolicyConfig, SchedulerConfig
+from helios.errors import ConfigError
+from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.scheduler.core import Scheduler
+from helios.scheduler.cost import CostState
+from helios.scheduler.plan import Lane, ScheduledPlan, SelectionReason
+from helios.scheduler.requests import Phase, Request
+
+Rows = list[tuple[Request, int]]  # (request, prompt tokens); 0 prompt tokens = a decode row
+
+
+def smallest_decode(shapes, n: int) -> GraphShape | None:
+    fitting = [s for s in shapes if s.batch_capacity >= n]
+    return min(fitting, key=lambda s: s.batch_capacity) if fitting else None
+
+
+def prefill_cap(shapes, rows: int) -> int:
+    """Largest per-row prompt capacity among prefill shapes with at least `rows` rows (0: none)."""
+    return max((s.token_capacity for s in shapes if s.batch_capacity >= rows), default=0)
+
+
+def smallest_prefill(shapes, rows: int, tokens: int) -> GraphShape | None:
+    """The least padded prefill shape with B >= rows and C >= tokens."""
+    fitting = [s for s in shapes if s.batch_capacity >= rows and s.token_capacity >= tokens]
+    if not fitting:
+        return None
+    return min(fitting, key=lambda s: (s.target_capacity, s.token_capacity, s.batch_capacity))
+
+
+def fit_rows(shapes, wants: list[int]) -> tuple[GraphShape, list[int]] | None:
+    """A shape for rows that all want to advance: the smallest one covering every row, else the
+    widest chunk that still has enough rows; rows beyond the largest batch are dropped."""
+    n = len(wants)
+    while n and prefill_cap(shapes, n) == 0:
+        n -= 1
+    if n == 0:
+        return None
+    wants = wants[:n]
+    shape = smallest_prefill(shapes, n, max(wants))
+    if shape is None:
+        shape = smallest_prefill(shapes, n, prefill_cap(shapes, n))
+    return shape, [min(w, shape.token_capacity) for w in wants]
+
+
+def prefill_kind(r: Request) -> GraphKind:
+    return GraphKind.SCORED_PREFILL if r.spec.score_prompt else GraphKind.PREFILL
+
+
+class BaselineScheduler(Scheduler):
+    """A `Scheduler` whose `plan()` delegates the choice of (shape, rows) to `_select()`."""
+
+    name = "baseline"
+    synchronous = True
+
+    def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
+                 config: SchedulerConfig | None = None, **kwargs):
+        super().__init__(catalog, policy, config, **kwargs)
+        if not self._decode_shapes or not self._prefill_shapes[GraphKind.PREFILL]:
+            raise ConfigError("catalog", f"the {self.name} baseline needs decode and prefill graphs")
+        # vLLM's max_num_seqs, S-LoRA's running_max_req_size: every resident request must fit
+        # one decode graph, so a decode step can always serve all of them.
+        self.max_running = min(self.resources.total_slots, self.config.selection_slots,
+                               max(s.batch_capacity for s in self._decode_shapes))
+
+    # ---- the selection hook ----------------------------------------------------------
+    def _select(self) -> tuple[GraphShape, Rows] | None:
+        raise NotImplementedError
+
+    def _on_commit(self, plan: ScheduledPlan) -> dict:
+        """Bookkeeping after a successful commit; returns extra fields for the plan trace."""
+        return {}
+
+    def plan(self) -> ScheduledPlan | None:
+        if self.synchronous and len(self.queue):
+            return None
+        if not self.queue.accepts_more(self.now_ns):
+            return None
+        choice = self._select()
+        return None if choice is None else self._build_plan(*choice)
+
+    def commit(self, plan: ScheduledPlan, fence) -> None:
+        super().commit(plan, fence)  # validates everything before it changes anything
+        extra = self._on_commit(plan)
+        extra.setdefault("scheduler", self.name)
+        extra.setdefault("tokens", sum(max(l.prompt_tokens, l.output_rows) for l in plan.lanes))
+        self.traces[-1].extra.update(extra)
+
+    # ---- request views (arrival order: handles grow with admission) ------------------
+    def _live(self) -> list[Request]:
+        return sorted((r for r in self.requests.values() if r.phase is not Phase.DONE),
+                      key=lambda r: r.handle)
+
+    def running_decodes(self) -> list[Request]:
+        return [r for r in self._live() if r.phase is Phase.DECODE and r.output_left > 0
+                and r.context_tokens < self.config.max_context]
+
+    def resident_prefills(self) -> list[Request]:
+        return [r for r in self._live() if r.phase is Phase.PREFILL and r.slot is not None
+                and r.prompt_left > 0 and r.queued_prompt == 0]
+
+    def waiting(self) -> list[Request]:
+        return [r for r in self._live() if r.phase is Phase.PREFILL and r.slot is None
+                and r.queued_prompt == 0]
+
+    def resident_count(self) -> int:
+        return sum(1 for r in self.requests.values() if r.slot is not None)
+
+    # ---- cohorts ---------------------------------------------------------------------
+    def decode_rows(self, decodes: list[Request]) -> tuple[GraphShape, Rows] | None:
+        if not decodes:
+            return None
+        cap = max(s.batch_capacity for s in self._decode_shapes)
+        rows = decodes[:cap]
+        return smallest_decode(self._decode_shapes, len(rows)), [(r, 0) for r in rows]
+
+    def fcfs_prefill(self, budget: int) -> tuple[GraphShape, Rows] | None:
+        """Chunked prefill in arrival order within `budget` prompt tokens.
+
+        Partially prefilled resident requests come first, then waiting ones; the first request
+        that cannot get a slot, pages or a row stops the scan (head-of-line blocking, as in
+        vLLM and Sarathi-Serve), so a later arrival never starts before an earlier one.
+        """
+        rows: Rows = []
+        left, slots, pages = budget, self.resources.free_slots, self.resources.free_pages
+        running, kind = self.resident_count(), None
+        for r in self.resident_prefills() + self.waiting():
+            if left <= 0:
+                break
+            k = prefill_kind(r)
+            if kind is not None and k is not kind:
+                break
+            shapes = self._prefill_shapes[k]
+            cap = prefill_cap(shapes, len(rows) + 1)
+            if cap == 0 or cap < max((t for _, t in rows), default=1):
+                break
+            if r.slot is None:
+                need = self.resources.extent_pages(r.spec)
+                if slots == 0 or need > pages or running >= self.max_running:
+                    break
+                slots, pages, running = slots - 1, pages - need, running + 1
+            tokens = min(r.prompt_left, left, cap)
+            rows.append((r, tokens))
+            left -= tokens
+            kind = k
+        if not rows:
+            return None
+        shape = smallest_prefill(self._prefill_shapes[kind], len(rows), max(t for _, t in rows))
+        return shape, rows
+
+    # ---- plan construction (see the report: a candidate for a core.py hook) -----------
+    def _lane_for(self, r: Request, prompt_tokens: int) -> Lane:
+        cursor = r.prompt_done + r.queued_prompt
+        if prompt_tokens == 0:
+            return Lane(r.handle, r.epoch, r.version, r.slot, cursor, 0, r.context_tokens, 1, 1.0, 1.0,
+                        0.0, needs_feedback=r.spec.host_feedback and bool(r.inflight))
+        finishes = prompt_tokens == r.prompt_left
+        return Lane(r.handle, r.epoch, r.version, r.slot, cursor, prompt_tokens, r.context_tokens,
+                    int(finishes), float(prompt_tokens + finishes), 0.0, 0.0)
+
+    def _build_plan(self, shape: GraphShape, rows: Rows, score: float = 0.0,
+                    requires_feedback: bool | None = None) -> ScheduledPlan:
+        now = self.now_ns
+        est = self.costs.estimate_ns(shape)
+        state = self.costs.state(shape, now)
+        lanes = tuple(self._lane_for(r, t) for r, t in rows)
+        if requires_feedback is None:
+            requires_feedback = (self.synchronous or not shape.kind.queueable
+                                 or state is not CostState.FRESH or any(l.needs_feedback for l in lanes))
+        reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
+        return ScheduledPlan(shape, lanes, est, score, 0.0, reason, requires_feedback,
+                             state is CostState.STALE, now, self.queue.expected_end_ns(now),
+                             self.queue.fences())
+
+
+class IterationScheduler(BaselineScheduler):
+    """One engine iteration under a token budget, mapped onto separate graphs.
+
+    A vLLM step or Sarathi-Serve iteration is one mixed forward: its decode tokens plus prefill
+    chunks within `token_budget`. Without mixed graphs it runs as (at most) two consecutive
+    graphs: first the decode graph of the iteration's decode rows, then one prefill graph
+    whose chunks use the budget the decodes left. An iteration with no runnable decode is a
+    prefill graph alone; one with no prefill work is a decode graph alone. Every decode graph
+    starts a new iteration, so between two decode steps of a request there is at most one
+    prefill graph: decodes never wait behind more than one iteration's chunk.
+    """
+
+    default_token_budget = 2048
+
+    def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
+                 config: SchedulerConfig | None = None, *, token_budget: int | None = None, **kwargs):
+        super().__init__(catalog, policy, config, **kwargs)
+        budget = self.default_token_budget if token_budget is None else token_budget
+        if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+            raise ConfigError("token_budget", f"must be a positive integer, got {budget!r}")
+        self.token_budget = budget
+        self.iteration = 0  # iterations started so far
+        self._prefill_next = False  # the current iteration's decode half ran; its prefill is next
+        self._iteration_decodes = 0  # decode tokens of the current iteration
+
+    def iteration_decodes(self, decodes: list[Request]) -> list[Request]:
+        """The decode rows of one iteration (all of them, unless the policy says otherwise)."""
+        return decodes
+
+    def _select(self) -> tuple[GraphShape, Rows] | None:
+        decodes = self.iteration_decodes(self.running_decodes())
+        if not self._prefill_next and decodes:
+            return self.decode_rows(decodes)
+        used = self._iteration_decodes if self._prefill_next else 0
+        chunk = self.fcfs_prefill(self.token_budget - used)
+        if chunk is not None:
+            return chunk
+        return self.decode_rows(decodes)  # nothing to prefill: the next iteration starts
+
+    def _on_commit(self, plan: ScheduledPlan) -> dict:
+        decode = plan.shape.kind is GraphKind.DECODE
+        if decode or not self._prefill_next:
+            self.iteration += 1
+            self._iteration_decodes = len(plan.lanes) if decode else 0
+        self._prefill_next = decode
+        return {"iteration": self.iteration, "iteration_tokens": self._iteration_decodes + (
+            0 if decode else sum(l.prompt_tokens for l in plan.lanes)), "budget": self.token_budget}

@@ -1,0 +1,57 @@
+"""vLLM V1-style FCFS continuous batching with chunked prefill.
+
+Paper: W. Kwon et al., "Efficient Memory Management for Large Language Model Serving with
+PagedAttention", SOSP 2023. Code: github.com/vllm-project/vllm, `vllm/v1/core/sched/scheduler.py`
+(`Scheduler.schedule`), whose rules this class reproduces on our catalog:
+
+- One step has a token budget, `max_num_batched_tokens` (here `token_budget`, default 2048,
+  the V1 default for online serving). The RUNNING requests are scheduled first, each for the
+  tokens it still needs, while budget remains; then WAITING requests in FCFS order, each
+  getting min(prompt left, budget left) tokens (chunked prefill), until the budget or
+  `max_num_seqs` runs out. A waiting request that cannot be allocated stops the scan: the
+  queue head blocks everything behind it, so service starts in arrival order.
+- `max_num_seqs` may not exceed `max_num_batched_tokens` (V1 checks this at start-up); here it
+  is the largest captured decode bucket, capped by the request slots and the budget.
+- Graphs are padded to captured sizes: decode to the smallest power-of-two bucket, prefill to
+  the smallest catalog capacity that holds the chunk (`common.py`).
+
+Mapping onto separate graphs (no mixed graphs yet; `common.IterationScheduler`): one vLLM
+step is its decode graph (all running decodes, 1 token each, taken from the budget first),
+followed by one prefill graph of the chunks that fit the remaining budget: partially
+prefilled running requests first, then waiting ones, in arrival order. Decode-first matches
+V0's chunked-prefill policy and the design brief; V1 walks its running list in admission
+order, which differs only when an earlier request is still prefilling. vLLM executes one
+step at a time (async scheduling off, the default), so one frame is in flight.
+
+Differences from vLLM, forced by the protocol: KV pages are reserved for the request's whole
+extent at its first chunk (so there is no recompute preemption), and the step's duration is
+the sum of its two graphs rather than one mixed forward.
+"""
+
+from __future__ import annotations
+
+from helios.baselines.common import IterationScheduler
+from helios.config import PolicyConfig, SchedulerConfig
+from helios.graphs import Catalog
+from helios.scheduler.requests import Request
+
+
+class VllmFcfsScheduler(IterationScheduler):
+    name = "vllm-fcfs"
+    default_token_budget = 2048
+
+    def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
+                 config: SchedulerConfig | None = None, *, max_num_batched_tokens: int | None = None,
+                 token_budget: int | None = None):
+        budget = max_num_batched_tokens if max_num_batched_tokens is not None else token_budget
+        super().__init__(catalog, policy, config, token_budget=budget)
+        # V1 requires max_num_batched_tokens >= max_num_seqs: every running decode fits a step.
+        self.max_running = min(self.max_running, self.token_budget)
+
+    @property
+    def max_num_batched_tokens(self) -> int:
+        return self.token_budget
+
+    def iteration_decodes(self, decodes: list[Request]) -> list[Request]:
+        # Running requests are scheduled while budget remains: one token each.
+        return decodes[:self.token_budget]

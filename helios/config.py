@@ -1,0 +1,95 @@
+"""Policy and scheduler configuration: frozen, validated when built."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from enum import Enum
+
+from helios.errors import ConfigError
+
+
+class SchedulerPolicy(Enum):
+    """The spec's presets for `--scheduler-policy`."""
+
+    BALANCED = "balanced"
+    THROUGHPUT = "throughput"
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyConfig:
+    """The spec's preference coefficients ("Policy preferences"), in value units per ms."""
+
+    output_token_value: float = 64.0
+    token_fairness: float = 16.0
+    delivery_fairness: float = 4.0
+    decode_age_price: float = 0.1
+    terminal_value: float = 256.0
+    terminal_age_price: float = 1.0
+    adaptation_ms: float = 100.0
+    estimate_ttl_ns: int = 30_000_000_000
+    adaptive_verification_alpha: float = 1.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f.name, f"must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f.name, f"must be finite and nonnegative, got {value!r}")
+        if self.adaptive_verification_alpha <= 0:
+            raise ConfigError("adaptive_verification_alpha", "must be greater than zero")
+        if self.adaptation_ms <= 0:
+            raise ConfigError("adaptation_ms", "must be greater than zero")
+        if self.estimate_ttl_ns <= 0 or int(self.estimate_ttl_ns) != self.estimate_ttl_ns:
+            raise ConfigError("estimate_ttl_ns", "must be a positive whole number of nanoseconds")
+
+
+def preset(
+    policy: SchedulerPolicy | str = SchedulerPolicy.BALANCED,
+    *,
+    terminal_value: float | None = None,
+    terminal_age_price: float | None = None,
+    adaptive_verification_alpha: float | None = None,
+) -> PolicyConfig:
+    """Build a preset; the terminal overrides apply after the preset, as the spec requires."""
+    try:
+        policy = SchedulerPolicy(policy)
+    except ValueError:
+        names = ", ".join(p.value for p in SchedulerPolicy)
+        raise ConfigError("scheduler_policy", f"unknown policy {policy!r} (choose {names})") from None
+    config = PolicyConfig()
+    if policy is SchedulerPolicy.THROUGHPUT:
+        # Throughput keeps token fairness and output value, drops cadence preferences.
+        config = replace(config, delivery_fairness=0.0, decode_age_price=0.0)
+    overrides = {
+        "terminal_value": terminal_value,
+        "terminal_age_price": terminal_age_price,
+        "adaptive_verification_alpha": adaptive_verification_alpha,
+    }
+    return replace(config, **{k: v for k, v in overrides.items() if v is not None})
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """Resources and bounds of one scheduler instance (not preferences)."""
+
+    request_slots: int = 64
+    kv_pages: int = 4096
+    page_tokens: int = 16
+    max_context: int = 8192
+    selection_slots: int = 64  # the spec's bound on slots considered per decision
+    frame_slots: int = 2  # transport frames; only decode may occupy both
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f.name, f"must be a positive integer, got {value!r}")
+        if self.selection_slots > 64:
+            raise ConfigError("selection_slots", "the spec bounds selection to 64 request slots")
+        if self.frame_slots > 2:
+            raise ConfigError("frame_slots", "the transport has two frame slots")
+
+    def pages_for(self, tokens: int) -> int:
+        return -(-tokens // self.page_tokens)

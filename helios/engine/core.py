@@ -1,0 +1,32 @@
+"""The Core protocol: what every engine offers the runtime and the simulator."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from helios.graphs import Catalog, GraphShape
+from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """A finished frame: one record per lane, the timing, and the true duration it took."""
+
+    records: tuple[CompletionRecord, ...]
+    timing: ExecutionTiming
+    duration_ns: int
+
+
+class CostModel(Protocol):
+    def duration_ns(self, shape: GraphShape, context_lens: Sequence[int]) -> int: ...
+
+
+class Core(Protocol):
+    catalog: Catalog
+
+    def attach(self, handle: RequestHandle, prompt: Sequence[int] | int, **options) -> None: ...
+
+    def detach(self, handle: RequestHandle) -> None: ...
+
+    def execute(self, plan: ScheduledPlan, fence: Fence) -> Execution: ...

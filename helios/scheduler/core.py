@@ -1,0 +1,260 @@
+"""The Helios scheduler: admit, cancel, advance_to, plan, commit, complete, published_output."""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+from helios.config import PolicyConfig, SchedulerConfig
+from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
+from helios.graphs import Catalog, GraphKind
+from helios.scheduler.accounting import ExecutionStats, apply_completion, validate_completion
+from helios.scheduler.cost import CostState, CostTable
+from helios.scheduler.plan import (
+    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, Lane, PlanTrace,
+    RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
+)
+from helios.scheduler.planning import build_view
+from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
+from helios.scheduler.queue import ExecutionQueue, Frame
+from helios.scheduler.requests import Phase, Request, ResourcePool
+from helios.scheduler.service import PriceCoefficients, ServiceHistory, ewma_log
+
+RETIRED_MEMORY = 4096
+
+
+class Scheduler:
+    """Selects prepared graphs by expected useful value per execution time.
+
+    Pure: no I/O and no clock; time only arrives through `admit`, `cancel` and `advance_to`.
+    """
+
+    def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
+                 config: SchedulerConfig | None = None, costs: CostTable | None = None):
+        self.catalog = catalog
+        self.policy = policy or PolicyConfig()
+        self.config = config or SchedulerConfig()
+        self.costs = costs or CostTable(self.policy.estimate_ttl_ns)
+        self.coeff = PriceCoefficients.of(self.policy)
+        self.resources = ResourcePool(self.config.request_slots, self.config.kv_pages,
+                                      self.config.page_tokens, self.config.max_context)
+        self.queue = ExecutionQueue(self.config.frame_slots)
+        self.requests: dict[RequestHandle, Request] = {}
+        self.stats = ExecutionStats()
+        self.traces: deque[PlanTrace] = deque(maxlen=4096)
+        self.now_ns = 0
+        self._next_handle = 0
+        self._last_fence: Fence | None = None
+        self._decisions = 0
+        self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
+        self._retired_set: set[RequestHandle] = set()
+        self._decode_shapes = catalog.of_kind(GraphKind.DECODE)
+        self._prefill_shapes = {k: catalog.of_kind(k) for k in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL)}
+
+    # ---- time and requests -------------------------------------------------------------
+    def advance_to(self, now_ns: int) -> None:
+        if not isinstance(now_ns, int) or now_ns < self.now_ns:
+            raise HeliosError(f"time must be a nondecreasing integer: {now_ns!r} < {self.now_ns}")
+        self.now_ns = now_ns
+
+    def admit(self, request: RequestSpec, now_ns: int) -> RequestHandle:
+        self.advance_to(now_ns)
+        if request.prompt_tokens + 1 > self.config.max_context:
+            raise InvalidRequest(f"prompt of {request.prompt_tokens} tokens leaves no room in a "
+                                 f"{self.config.max_context}-token context")
+        if request.score_prompt and not self._prefill_shapes[GraphKind.SCORED_PREFILL]:
+            raise InvalidRequest("prompt scoring needs scored-prefill graphs, and none is loaded")
+        if self.resources.extent_pages(request) > self.resources.total_pages:
+            raise InvalidRequest("the request's context extent exceeds the KV page pool")
+        handle = self._next_handle
+        self._next_handle += 1
+        r = Request(handle, request, now_ns, ServiceHistory(self._starting_log_rate()))
+        r.prompt_done = request.cached_tokens
+        self.requests[handle] = r
+        return handle
+
+    def _starting_log_rate(self) -> float:
+        # A new request starts at the mean token rate of the live requests, so equal
+        # histories mean equal prices and a newcomer is neither favoured nor starved.
+        rates = [r.history.log_x for r in self.requests.values() if r.phase is not Phase.DONE]
+        if rates:
+            return float(np.logaddexp.reduce(rates) - math.log(len(rates)))
+        measured = [t for s, t in self.costs.measured().items() if s.kind is GraphKind.DECODE]
+        # With no live request: one token per fastest measured decode, else 1 token/ms.
+        return -math.log(min(measured) / 1e6) if measured else 0.0
+
+    def cancel(self, handle: RequestHandle, now_ns: int, reason: FinishReason = FinishReason.CANCELLED) -> None:
+        """Stop selecting the request now; its slot and pages stay owned through its last fence."""
+        self.advance_to(now_ns)
+        r = self.requests.get(handle)
+        if r is None:
+            if handle in self._retired_set:
+                return  # cancelling a finished request is a no-op
+            raise UnknownRequest(f"unknown request handle {handle}")
+        if r.phase is Phase.DONE:
+            return
+        r.cancelled = True
+        r.finish = reason
+        r.epoch += 1
+        r.version += 1
+        self._retire_if_idle(r)
+
+    def _retire_if_idle(self, r: Request) -> None:
+        if r.phase is Phase.DONE and not r.inflight:
+            self.resources.release(r)
+            del self.requests[r.handle]
+            if len(self._retired) == self._retired.maxlen:
+                self._retired_set.discard(self._retired[0])
+            self._retired.append(r.handle)
+            self._retired_set.add(r.handle)
+
+    # ---- planning ----------------------------------------------------------------------
+    def plan(self) -> ScheduledPlan | None:
+        now = self.now_ns
+        if not self.queue.accepts_more(now):
+            return None
+        start = self.queue.expected_end_ns(now)
+        live = [r for r in self.requests.values() if r.phase is not Phase.DONE]
+        if not live:
+            return None
+        decode_costs = self._decode_costs()
+        view = build_view(live, self.queue, self.policy, self.coeff, decode_costs, self.resources,
+                          start, self.config.max_context, self.config.selection_slots)
+        costs = self._cost_lookup(now)
+        candidates = decode_candidates(self._decode_shapes, costs, view.decode, view.waiting)
+        budget = Budget(self.resources.free_slots, self.resources.free_pages)
+        for kind, (pool, _) in view.prefill.items():
+            candidates += prefill_candidates(self._prefill_shapes[kind], costs, pool, view.waiting, budget)
+        winner = best(candidates)
+        if winner is None:
+            return None
+        reqs = view.decode_reqs if winner.shape.kind is GraphKind.DECODE else view.prefill[winner.shape.kind][1]
+        lanes = tuple(self._lane(reqs[i], int(i), int(w), winner, view)
+                      for i, w in zip(winner.members, winner.works))
+        requires_feedback = (not winner.shape.kind.queueable or winner.cost_state is not CostState.FRESH
+                             or any(l.needs_feedback for l in lanes))
+        if len(self.queue) and requires_feedback:
+            return None  # the winner needs an empty window: submit nothing until it drains
+        est = None if winner.t_ms is None else int(round(winner.t_ms * 1e6))
+        reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
+        return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
+                             requires_feedback, winner.cost_state is CostState.STALE, now, start,
+                             self.queue.fences())
+
+    def _decode_costs(self) -> list[tuple[int, float]]:
+        return [(s.batch_capacity, t / 1e6) for s in self._decode_shapes
+                if (t := self.costs.estimate_ns(s)) is not None]
+
+    def _cost_lookup(self, now: int):
+        def lookup(shape):
+            t = self.costs.estimate_ns(shape)
+            return (None if t is None else t / 1e6), self.costs.state(shape, now)
+        return lookup
+
+    def _lane(self, r: Request, i: int, work: int, winner, view) -> Lane:
+        t = winner.t_ms or 0.0
+        if winner.shape.kind is GraphKind.DECODE:
+            value = float(view.decode.base[i] + view.decode.age_slope * t)
+            return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, 0,
+                        r.context_tokens, 1, 1.0, 1.0, value,
+                        needs_feedback=r.spec.host_feedback and bool(r.inflight))
+        finishes = work == r.prompt_left
+        return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, work,
+                    r.context_tokens, int(finishes), float(work + finishes), 0.0, 0.0)
+
+    # ---- commit ------------------------------------------------------------------------
+    def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
+        now = self.now_ns
+        if not isinstance(fence, int) or (self._last_fence is not None and fence <= self._last_fence):
+            raise StalePlan(f"fence {fence!r} must be an integer greater than {self._last_fence}")
+        if plan.queue_fences != self.queue.fences():
+            raise StalePlan("the execution queue changed since this plan was made")
+        if len(self.queue) and (plan.requires_feedback or not self.queue.accepts_more(now)):
+            raise QueueFull("the plan needs an empty window, or the queue has no room")
+        state = self.costs.state(plan.shape, now)
+        if len(self.queue) and state is not CostState.FRESH:
+            raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
+        newcomers = []
+        for lane in plan.lanes:
+            r = self.requests.get(lane.handle)
+            if r is None or r.phase is Phase.DONE:
+                raise StalePlan(f"request {lane.handle} is no longer runnable")
+            if r.epoch != lane.epoch or r.version != lane.version:
+                raise StalePlan(f"request {lane.handle} changed since planning")
+            if r.slot is None:
+                newcomers.append(r)
+        need = sum(self.resources.extent_pages(r.spec) for r in newcomers)
+        if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
+            raise StalePlan("not enough free slots or pages for the plan's new requests")
+        # Validated: mutate.
+        for r in newcomers:
+            self.resources.acquire(r)
+        isolated = not len(self.queue)
+        start = self.queue.expected_end_ns(now)
+        end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
+        self._decisions += 1
+        expected = {}
+        for lane in plan.lanes:
+            r = self.requests[lane.handle]
+            r.queued_prompt += lane.prompt_tokens
+            r.queued_output += lane.output_rows
+            r.inflight.append(fence)
+            r.version += 1
+            r.last_served_seq = self._decisions
+            expected[lane.handle] = (lane.expected_tokens, lane.expected_deliveries)
+        participants = tuple((r.handle, r.epoch) for r in self.requests.values() if r.phase is not Phase.DONE)
+        sigma_norm = self._normalizer()
+        self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, participants,
+                              sigma_norm, sigma_norm, expected))
+        self.costs.attempted(plan.shape, now)
+        self._last_fence = fence
+        self.traces.append(PlanTrace(fence, plan.shape, plan.handles, plan.estimated_duration_ns,
+                                     self.costs.observation_age_ns(plan.shape, now), plan.reason,
+                                     plan.score, plan.log_scale, now))
+
+    def _normalizer(self) -> float | None:
+        # Reference per-stream rate (per ms) of the fastest batch-feasible measured decode.
+        k = max(1, sum(1 for r in self.requests.values() if r.phase is Phase.DECODE))
+        costs = self._decode_costs()
+        if not costs:
+            return None
+        return 1.0 / (k * min(t / min(b, k) for b, t in costs))
+
+    # ---- completion and publication ----------------------------------------------------
+    def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:
+        """Validate every lane first; a bad completion raises and changes nothing."""
+        frame = validate_completion(self.queue, self.requests, fence, records, timing)
+        self.queue.pop()
+        out = apply_completion(self, frame, records, timing)
+        for r in [self.requests[lane.handle] for lane in frame.plan.lanes if lane.handle in self.requests]:
+            self._retire_if_idle(r)
+        return out
+
+    def published_output(self, handle: RequestHandle, fence: Fence) -> None:
+        r = self.requests.get(handle)
+        if r is None:
+            if handle in self._retired_set:
+                return
+            raise UnknownRequest(f"unknown request handle {handle}")
+        r.last_publication_ns = self.now_ns
+        pending = r.pending_delivery
+        if pending is None or pending[0] != fence:
+            return  # a late publication resets age but never rewinds later service
+        _, delta_ms, log_z = pending
+        if log_z is None:
+            r.history.log_z = -math.log(delta_ms)  # first burst: one delivery over its frame
+        else:
+            r.history.log_z = ewma_log(log_z, delta_ms, 1.0, self.policy.adaptation_ms)
+        r.pending_delivery = None
+
+    # ---- introspection -----------------------------------------------------------------
+    def live_requests(self) -> int:
+        return len(self.requests)
+
+    def request(self, handle: RequestHandle) -> Request:
+        try:
+            return self.requests[handle]
+        except KeyError:
+            raise UnknownRequest(f"unknown request handle {handle}") from None

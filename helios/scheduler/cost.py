@@ -1,0 +1,85 @@
+"""Duration estimates per physical graph (the spec's "Duration estimates")."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from enum import Enum
+
+from helios.graphs import GraphShape
+
+WINDOW = 9  # median of the last nine replay observations
+
+
+class CostState(Enum):
+    UNKNOWN = "unknown"  # zero: indeterminate
+    FRESH = "fresh"
+    STALE = "stale"  # measured cost still ranks, but dispatch needs an empty queue
+
+
+@dataclass(slots=True)
+class CostEntry:
+    estimate_ns: int = 0
+    samples: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    last_valid_ns: int | None = None
+    last_attempt_ns: int | None = None
+    observations: int = 0
+
+
+def median(values) -> float:
+    ordered = sorted(values)
+    n = len(ordered)
+    mid = n // 2
+    # Even counts average the middle pair.
+    return float(ordered[mid]) if n % 2 else (ordered[mid - 1] + ordered[mid]) / 2.0
+
+
+class CostTable:
+    """Learned graph costs. Descriptor values are ignored: every entry starts at zero."""
+
+    def __init__(self, ttl_ns: int):
+        self.ttl_ns = ttl_ns
+        self._entries: dict[GraphShape, CostEntry] = {}
+
+    def entry(self, shape: GraphShape) -> CostEntry:
+        e = self._entries.get(shape)
+        if e is None:
+            e = self._entries[shape] = CostEntry()
+        return e
+
+    def state(self, shape: GraphShape, now_ns: int) -> CostState:
+        e = self._entries.get(shape)
+        if e is None or e.estimate_ns <= 0:
+            return CostState.UNKNOWN
+        if now_ns - e.last_valid_ns > self.ttl_ns:
+            return CostState.STALE
+        return CostState.FRESH
+
+    def estimate_ns(self, shape: GraphShape) -> int | None:
+        """Measured estimate, kept for ranking even when stale; None when indeterminate."""
+        e = self._entries.get(shape)
+        return e.estimate_ns if e is not None and e.estimate_ns > 0 else None
+
+    def observation_age_ns(self, shape: GraphShape, now_ns: int) -> int | None:
+        e = self._entries.get(shape)
+        return None if e is None or e.last_valid_ns is None else now_ns - e.last_valid_ns
+
+    def observe(self, shape: GraphShape, sample_ns: int | None, now_ns: int) -> bool:
+        """Record one device observation; a missing or nonpositive sample changes nothing."""
+        if sample_ns is None or sample_ns <= 0:
+            return False
+        e = self.entry(shape)
+        if e.estimate_ns <= 0 or self.state(shape, now_ns) is CostState.STALE:
+            # First observation, or first after staleness, replaces the estimate directly.
+            e.samples.clear()
+        e.samples.append(int(sample_ns))
+        e.estimate_ns = max(1, int(round(median(e.samples))))
+        e.last_valid_ns = now_ns
+        e.observations += 1
+        return True
+
+    def attempted(self, shape: GraphShape, now_ns: int) -> None:
+        self.entry(shape).last_attempt_ns = now_ns
+
+    def measured(self) -> dict[GraphShape, int]:
+        return {s: e.estimate_ns for s, e in self._entries.items() if e.estimate_ns > 0}

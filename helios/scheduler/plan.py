@@ -1,0 +1,184 @@
+"""Plain frozen data exchanged through the scheduler protocol."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from helios.errors import InvalidRequest
+from helios.graphs import GraphShape
+
+RequestHandle = int
+Fence = int
+
+
+class FinishReason(Enum):
+    EOS = "stop"
+    STOP = "stop_string"  # host-side stop string, reported by the runtime through cancel()
+    LENGTH = "length"
+    CONTEXT = "context"
+    CANCELLED = "cancelled"
+    ERROR = "error"
+
+
+class SelectionReason(Enum):
+    """Execution classes, as exposed by flare_scheduler_executions_total."""
+
+    ORDINARY = "ordinary"
+    DISCOVERY = "discovery"
+    TIMING_REFRESH = "timing_refresh"
+    ACCEPTANCE_LEARNING = "acceptance_learning"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    """What the scheduler needs to know about a request: lengths, limits, endpoints.
+
+    `endpoints` are the token offsets where completed messages end (checkpoint anchors);
+    the prompt end is implicit. `host_feedback` marks requests whose every step needs the
+    host (grammar, host-side stop strings), which keeps them out of queued frames.
+    """
+
+    prompt_tokens: int
+    max_output_tokens: int
+    cached_tokens: int = 0
+    endpoints: tuple[int, ...] = ()
+    client: str = "default"
+    host_feedback: bool = False
+    score_prompt: bool = False  # needs prompt log-probabilities: scored-prefill graphs only
+    request_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 1:
+            raise InvalidRequest(f"prompt_tokens must be a positive integer, got {self.prompt_tokens!r}")
+        if not isinstance(self.max_output_tokens, int) or self.max_output_tokens < 1:
+            raise InvalidRequest(f"max_output_tokens must be a positive integer, got {self.max_output_tokens!r}")
+        if not isinstance(self.cached_tokens, int) or not 0 <= self.cached_tokens < self.prompt_tokens:
+            raise InvalidRequest("cached_tokens must be in [0, prompt_tokens)")
+        if any(not 0 < e < self.prompt_tokens for e in self.endpoints) or list(self.endpoints) != sorted(set(self.endpoints)):
+            raise InvalidRequest("endpoints must be strictly increasing offsets inside the prompt")
+
+
+@dataclass(frozen=True, slots=True)
+class Lane:
+    """One request's logical work in a plan, frozen at planning time."""
+
+    handle: RequestHandle
+    epoch: int
+    version: int
+    slot: int | None  # None until commit assigns one to a request that is not yet resident
+    prompt_start: int  # committed-plus-queued prompt cursor when planned
+    prompt_tokens: int  # prompt tokens this graph consumes
+    context_tokens: int  # KV entries in the slot before this graph
+    output_rows: int  # target positions that may commit output tokens
+    expected_tokens: float
+    expected_deliveries: float
+    value: float  # scaled lane value, including the served-decoder age credit
+    needs_feedback: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledPlan:
+    """A frozen choice: physical shape, lane work, epochs, estimated duration and score."""
+
+    shape: GraphShape
+    lanes: tuple[Lane, ...]
+    estimated_duration_ns: int | None  # None: indeterminate (discovery)
+    score: float  # scaled value rate (or scaled value for an unknown duration)
+    log_scale: float
+    reason: SelectionReason
+    requires_feedback: bool
+    stale_cost: bool
+    planned_ns: int
+    start_ns: int  # planning start time: the queue's expected end
+    queue_fences: tuple[Fence, ...]
+
+    def selection_value_rate(self) -> float:
+        return self.score
+
+    def selection_log_scale(self) -> float:
+        return self.log_scale
+
+    @property
+    def handles(self) -> tuple[RequestHandle, ...]:
+        return tuple(lane.handle for lane in self.lanes)
+
+    def padding(self) -> int:
+        used = sum(max(lane.prompt_tokens, lane.output_rows) for lane in self.lanes)
+        return self.shape.target_capacity - used
+
+
+@dataclass(frozen=True, slots=True)
+class CompletionRecord:
+    """A core's report for one lane of a completed fence."""
+
+    handle: RequestHandle
+    epoch: int
+    prompt_tokens: int
+    tokens: tuple[int, ...] = ()
+    eos: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionTiming:
+    """Per-rank device intervals, an optional exposed readiness delay, and host wall time."""
+
+    rank_intervals_ns: tuple[int | None, ...] = ()
+    readiness_delay_ns: int | None = None
+    wall_ns: int | None = None
+
+    def device_interval_ns(self) -> int | None:
+        """The maximum positive rank-local interval; None when no rank reported one."""
+        positive = [i for i in self.rank_intervals_ns if i is not None and i > 0]
+        return max(positive) if positive else None
+
+    def cost_sample_ns(self) -> int | None:
+        """Raw device observation minus exposed readiness delay (after aggregating ranks)."""
+        interval = self.device_interval_ns()
+        if interval is None:
+            return None
+        sample = interval - (self.readiness_delay_ns or 0)
+        return sample if sample > 0 else None
+
+    def validate(self) -> str | None:
+        for i in self.rank_intervals_ns:
+            if i is not None and (not isinstance(i, int) or i < 0):
+                return f"rank interval must be a nonnegative integer or None, got {i!r}"
+        for name in ("readiness_delay_ns", "wall_ns"):
+            v = getattr(self, name)
+            if v is not None and (not isinstance(v, int) or v < 0):
+                return f"{name} must be a nonnegative integer or None, got {v!r}"
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class GeneratedToken:
+    """Tokens committed for one request by one completion, for the runtime to publish."""
+
+    handle: RequestHandle
+    fence: Fence
+    tokens: tuple[int, ...]
+    finish: FinishReason | None = None
+    first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class PlanTrace:
+    """What a committed plan looked like, for logs and the simulator's report."""
+
+    fence: Fence
+    shape: GraphShape
+    handles: tuple[RequestHandle, ...]
+    estimated_duration_ns: int | None
+    observation_age_ns: int | None
+    reason: SelectionReason
+    score: float
+    log_scale: float
+    committed_ns: int
+    exploration_credit_ns: float = 0.0
+    extra: dict = field(default_factory=dict)
+
+
+def finite_or(value: float, fallback: float) -> float:
+    return value if math.isfinite(value) else fallback

@@ -1,0 +1,163 @@
+"""Candidates and selection for ordinary prefill, scored prefill and decode graphs.
+
+Every loaded physical capacity competes. For each shape the cohort is a prefix of the lanes
+ranked by additive value (the duration does not depend on membership), padded shapes that
+serve the same cohort with the same logical work are discarded, and the winner maximizes
+the value rate with the spec's tie-break order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from helios.graphs import GraphShape
+from helios.scheduler.cost import CostState
+from helios.scheduler.utility import prefix_sums, ranked_lanes, rate_score
+
+
+@dataclass(slots=True)
+class LanePool:
+    """Lanes that one graph family could serve, with per-lane arrays (one row per request)."""
+
+    handles: np.ndarray
+    lru: np.ndarray
+    slots: np.ndarray  # physical slot, or a large sentinel for requests without one
+    base: np.ndarray  # scaled value independent of T (tokens, deliveries, c*sigma*A)
+    age_slope: float = 0.0  # scaled c*sigma per served lane (decoders only)
+    # Prefill only:
+    log_prefill: np.ndarray | None = None
+    first_token: np.ndarray | None = None  # scaled value of the first output token
+    prompt_left: np.ndarray | None = None
+    to_endpoint: np.ndarray | None = None
+    resident: np.ndarray | None = None
+    pages: np.ndarray | None = None
+
+
+@dataclass(slots=True)
+class Candidate:
+    shape: GraphShape
+    members: np.ndarray  # indices into the pool, best first
+    works: np.ndarray  # prompt tokens per member (zeros for decode)
+    value: float
+    slope: float
+    t_ms: float | None
+    cost_state: CostState
+    score: float = 0.0
+    lru: int = 0
+    padding: int = 0
+    key: tuple = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    free_slots: int
+    free_pages: int
+
+
+def _finish(c: Candidate, pool: LanePool, waiting: float) -> Candidate:
+    n = len(c.members)
+    if c.t_ms is None:
+        # Optimistic work score: an unknown duration ranks by expected useful value alone.
+        c.score = c.value
+    else:
+        c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
+    c.lru = int(pool.lru[c.members].max()) if n else 0
+    used = int(c.works.sum()) if c.shape.kind.is_prefill else n * c.shape.token_capacity
+    c.padding = c.shape.target_capacity - used
+    # Unknown first; then value (rate); then shorter known time, more requests served,
+    # less recently used requests, smaller padding; finally a stable shape order.
+    c.key = (c.t_ms is None, c.score, -(c.t_ms or 0.0), n, -c.lru, -c.padding,
+             tuple(-x for x in c.shape.capacities()))
+    return c
+
+
+def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Candidate]:
+    """Every batch capacity competes with the top-B lanes; same-cohort padding is pruned."""
+    n = len(pool.handles)
+    if n == 0:
+        return []
+    order = ranked_lanes(pool.base, pool.lru, pool.slots)
+    sums = prefix_sums(pool.base[order])
+    out, taken = [], set()
+    for shape in sorted(shapes, key=lambda s: s.batch_capacity):
+        m = min(shape.batch_capacity, n)
+        if m in taken:  # a smaller capacity already serves exactly this cohort
+            continue
+        taken.add(m)
+        t_ms, state = costs(shape)
+        members = order[:m]
+        c = Candidate(shape, members, np.zeros(m, dtype=np.int64), float(sums[m]),
+                      pool.age_slope * m, t_ms, state)
+        out.append(_finish(c, pool, waiting))
+    return out
+
+
+def _feasible_prefix(order: np.ndarray, pool: LanePool, limit: int, budget: Budget) -> np.ndarray:
+    """Greedy best-first cohort that fits the free slots and pages (resident lanes always fit)."""
+    chosen, slots, pages = [], budget.free_slots, budget.free_pages
+    for idx in order:
+        if len(chosen) == limit:
+            break
+        if not pool.resident[idx]:
+            need = int(pool.pages[idx])
+            if slots == 0 or need > pages:
+                continue
+            slots -= 1
+            pages -= need
+        chosen.append(idx)
+    return np.asarray(chosen, dtype=np.int64)
+
+
+def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Budget) -> list[Candidate]:
+    """Each prompt capacity competes with the tokens it can actually consume."""
+    n = len(pool.handles)
+    if n == 0:
+        return []
+    by_chunk: dict[int, list[GraphShape]] = {}
+    for s in shapes:
+        by_chunk.setdefault(s.token_capacity, []).append(s)
+    max_batch = max(s.batch_capacity for s in shapes)
+    seen: dict[tuple, list[GraphShape]] = {}
+    out = []
+    for chunk in sorted(by_chunk):
+        works = np.minimum(pool.prompt_left, chunk)
+        finishes = works == pool.prompt_left
+        # Prompt tokens at 1 + f/x, plus at most one output token when the prompt completes.
+        values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
+        order = ranked_lanes(values, pool.lru, pool.slots)
+        feasible = _feasible_prefix(order, pool, min(max_batch, n), budget)
+        sums = prefix_sums(values[feasible])
+        for shape in sorted(by_chunk[chunk], key=lambda s: s.batch_capacity):
+            m = min(shape.batch_capacity, len(feasible))
+            if m == 0:
+                continue
+            members = feasible[:m]
+            key = (tuple(pool.handles[members]), tuple(works[members]))
+            if any(other.dominates(shape) for other in seen.get(key, ())):
+                continue  # redundant padding: same cohort, same logical work, larger shape
+            seen.setdefault(key, []).append(shape)
+            t_ms, state = costs(shape)
+            if state is CostState.UNKNOWN and _smaller_reaches_endpoint(shape, shapes, works[members],
+                                                                          pool.to_endpoint[members]):
+                continue
+            c = Candidate(shape, members, works[members], float(sums[m]), 0.0, t_ms, state)
+            out.append(_finish(c, pool, waiting))
+    return out
+
+
+def _smaller_reaches_endpoint(shape, shapes, works, to_endpoint) -> bool:
+    """Prefill exploration excludes a larger unmeasured graph when a smaller prepared capacity
+    consumes the same tokens up to the next message or prompt endpoint."""
+    reach = np.minimum(works, to_endpoint)
+    for other in shapes:
+        if other.batch_capacity == shape.batch_capacity and other.token_capacity < shape.token_capacity:
+            if np.array_equal(np.minimum(np.minimum(works, other.token_capacity), to_endpoint), reach):
+                return True
+    return False
+
+
+def best(candidates: list[Candidate]) -> Candidate | None:
+    return max(candidates, key=lambda c: c.key) if candidates else None
+

@@ -1,0 +1,69 @@
+"""Value arithmetic: the spec's selection objective, reference intervals and cohorts.
+
+For a ready inference graph of duration T (ms):
+
+    score = ( sum_lanes v_i + sum_served_decoders c_i * sigma_i * (A_i + T) ) / T
+            - T/2 * sum_active_decoders c_i
+
+v_i is the expected priced token and delivery service of lane i, A_i the output age of a
+decoder, sigma_i its batch-feasible reference interval. Every term is multiplied by one
+shared factor e^(-L) per decision so that large prices stay representable.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+
+
+def reference_interval_ms(family_costs: Iterable[tuple[int, float]], streams: int, family: int) -> float | None:
+    """sigma = K * T / min(B, k) for the measured graph minimizing T / min(B, k).
+
+    K counts delivery-bearing streams, k the streams of this family. Unmeasured graphs are
+    skipped: no interval is invented, so None means the age credit is unavailable.
+    """
+    if streams <= 0 or family <= 0:
+        return None
+    best = None
+    for batch, t_ms in family_costs:
+        per_stream = t_ms / min(batch, family)
+        if best is None or per_stream < best:
+            best = per_stream
+    return None if best is None else streams * best
+
+
+def rate_score(value: float, served_age_slope: float, t_ms: float, waiting: float) -> float:
+    """(value + slope*T)/T - T/2 * waiting, where slope = sum of c*sigma over served lanes.
+
+    value already holds sum v_i + sum c*sigma*A_i; waiting is sum c over active decoders.
+    """
+    return (value + served_age_slope * t_ms) / t_ms - 0.5 * t_ms * waiting
+
+
+def ranked_lanes(values: np.ndarray, lru: np.ndarray, slots: np.ndarray) -> np.ndarray:
+    """Lane order by value, then less recently served, then slot: best first.
+
+    Cohorts for a graph whose duration does not depend on membership take a prefix of this
+    order: the highest additive lane values.
+    """
+    return np.lexsort((slots, lru, -values))
+
+
+def prefix_sums(values: np.ndarray) -> np.ndarray:
+    out = np.empty(len(values) + 1)
+    out[0] = 0.0
+    np.cumsum(values, out=out[1:])
+    return out
+
+
+def shared_log_scale(*log_arrays: np.ndarray) -> float:
+    """The decision's shared scale: the largest finite log price among its lanes (else 0)."""
+    best = -math.inf
+    for arr in log_arrays:
+        if len(arr):
+            m = float(np.max(arr))
+            if m > best:
+                best = m
+    return best if math.isfinite(best) else 0.0

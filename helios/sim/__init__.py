@@ -1,0 +1,1 @@
+"""The simulator: real-data workloads, calibrated cost models, acceptance curves (see docs/cost-models.md)."""

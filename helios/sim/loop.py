@@ -1,0 +1,137 @@
+"""Discrete-event loop: any scheduler implementing the protocol, against a core, on a virtual clock.
+
+Events are ordered by one explicit key: (time_ns, kind, sequence). At equal times,
+completions are processed before arrivals, so freed capacity is visible to newcomers,
+and the sequence number keeps ties deterministic.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Callable, Iterable
+
+from helios.engine.core import Execution
+from helios.scheduler.plan import FinishReason, RequestSpec
+
+
+class EventKind(IntEnum):
+    COMPLETION = 0
+    ARRIVAL = 1
+    CANCEL = 2
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    time_ns: int
+    spec: RequestSpec
+    output_len: int | None = None  # true output length (EOS), when the workload knows it
+    client: str = "default"
+
+
+@dataclass(slots=True)
+class RequestLog:
+    """What a client saw: arrival, each publication time and token count, and the end."""
+
+    arrival_ns: int
+    client: str
+    prompt_tokens: int
+    publications: list = field(default_factory=list)  # (time_ns, tokens)
+    finish: FinishReason | None = None
+    finished_ns: int | None = None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(n for _, n in self.publications)
+
+
+@dataclass(slots=True)
+class StepLog:
+    """One executed frame, for the demo trace and the report."""
+
+    fence: int
+    label: str
+    handles: tuple
+    start_ns: int
+    end_ns: int
+    estimated_ns: int | None
+    measured_ns: int
+    value_rate: float
+
+
+class Simulation:
+    def __init__(self, scheduler, core, *, on_step: Callable[[StepLog], None] | None = None):
+        self.scheduler = scheduler
+        self.core = core
+        self.on_step = on_step
+        self.now_ns = 0
+        self.device_free_ns = 0
+        self.logs: dict[int, RequestLog] = {}
+        self.steps: list[StepLog] = []
+        self._events: list = []
+        self._seq = 0
+        self._fence = 0
+
+    def push(self, time_ns: int, kind: EventKind, payload) -> None:
+        heapq.heappush(self._events, (time_ns, int(kind), self._seq, payload))
+        self._seq += 1
+
+    def add(self, arrivals: Iterable[Arrival]) -> None:
+        for a in arrivals:
+            self.push(a.time_ns, EventKind.ARRIVAL, a)
+
+    def cancel_at(self, time_ns: int, handle: int) -> None:
+        self.push(time_ns, EventKind.CANCEL, handle)
+
+    def run(self, until_ns: int | None = None, max_steps: int | None = None) -> None:
+        while self._events:
+            if until_ns is not None and self._events[0][0] > until_ns:
+                break
+            if max_steps is not None and len(self.steps) >= max_steps:
+                break
+            time_ns, kind, _, payload = heapq.heappop(self._events)
+            self.now_ns = max(self.now_ns, time_ns)
+            self.scheduler.advance_to(self.now_ns)
+            if kind == EventKind.ARRIVAL:
+                self._arrive(payload)
+            elif kind == EventKind.CANCEL:
+                self.scheduler.cancel(payload, self.now_ns)
+            else:
+                self._complete(*payload)
+            self._dispatch()
+
+    def _arrive(self, a: Arrival) -> None:
+        handle = self.scheduler.admit(a.spec, self.now_ns)
+        self.core.attach(handle, a.spec.prompt_tokens, output_len=a.output_len)
+        self.logs[handle] = RequestLog(self.now_ns, a.client, a.spec.prompt_tokens)
+
+    def _dispatch(self) -> None:
+        while (plan := self.scheduler.plan()) is not None:
+            self._fence += 1
+            fence = self._fence
+            self.scheduler.commit(plan, fence)
+            result: Execution = self.core.execute(plan, fence)
+            start = max(self.now_ns, self.device_free_ns)
+            end = start + result.duration_ns
+            self.device_free_ns = end
+            step = StepLog(fence, plan.shape.label(), plan.handles, start, end,
+                           plan.estimated_duration_ns, result.duration_ns, plan.selection_value_rate())
+            self.steps.append(step)
+            if self.on_step:
+                self.on_step(step)
+            # Wall time from dispatch through observed completion, for isolated frames.
+            timing = result.timing
+            if timing.wall_ns is not None:
+                timing = type(timing)(timing.rank_intervals_ns, timing.readiness_delay_ns, end - self.now_ns)
+            self.push(end, EventKind.COMPLETION, (fence, result.records, timing))
+
+    def _complete(self, fence, records, timing) -> None:
+        for g in self.scheduler.complete(fence, records, timing):
+            log = self.logs[g.handle]
+            if g.tokens:
+                log.publications.append((self.now_ns, len(g.tokens)))
+                self.scheduler.published_output(g.handle, fence)
+            if g.finish is not None:
+                log.finish, log.finished_ns = g.finish, self.now_ns
+                self.core.detach(g.handle)

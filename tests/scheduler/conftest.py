@@ -1,0 +1,110 @@
+"""Hand-stepped helpers: measured synthetic catalogs and a manual driver on a virtual clock."""
+
+from __future__ import annotations
+
+import pytest
+
+from helios.config import PolicyConfig, SchedulerConfig
+from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
+
+MS = 1_000_000
+
+
+def decode(b):
+    return GraphShape(GraphKind.DECODE, b)
+
+
+def prefill(c, b=1):
+    return GraphShape(GraphKind.PREFILL, b, c)
+
+
+class FixedCosts:
+    """A measured synthetic catalog: shape -> milliseconds. Also a SimCore cost model."""
+
+    def __init__(self, table: dict):
+        self.table = dict(table)
+
+    def duration_ns(self, shape, context_lens=()):
+        return int(self.table[shape] * MS)
+
+
+def make(table: dict, *, measured=True, policy=None, config=None, now=0) -> Scheduler:
+    """Scheduler over `table`'s shapes; `measured` seeds every cost with one observation."""
+    s = Scheduler(Catalog(table), policy or PolicyConfig(), config or SchedulerConfig())
+    if measured:
+        for shape, ms in table.items():
+            s.costs.observe(shape, int(ms * MS), now)
+    return s
+
+
+def spec(prompt=64, out=16, **kw) -> RequestSpec:
+    return RequestSpec(prompt, out, **kw)
+
+
+def records_for(plan, eos=()):
+    return [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, (7,) * l.output_rows, l.handle in eos)
+            for l in plan.lanes]
+
+
+def step(s: Scheduler, plan, fence: int, ms: float | None = None, publish=True, eos=()):
+    """Commit, advance the virtual clock by the graph's duration, complete and publish."""
+    s.commit(plan, fence)
+    dur = ms if ms is not None else (plan.estimated_duration_ns or MS) / MS
+    s.advance_to(s.now_ns + int(dur * MS))
+    out = s.complete(fence, records_for(plan, eos), ExecutionTiming((int(dur * MS),), wall_ns=int(dur * MS)))
+    if publish:
+        for g in out:
+            if g.tokens:
+                s.published_output(g.handle, fence)
+    return out
+
+
+class Driver:
+    """Runs plan/commit/complete/publish in a loop on the virtual clock, one frame at a time."""
+
+    def __init__(self, s: Scheduler, durations: FixedCosts | None = None):
+        self.s = s
+        self.durations = durations
+        self.fence = 0
+        self.history = []  # (plan, start_ns, end_ns)
+        self.published = {}  # handle -> list of publication times
+
+    def run_one(self, eos=()):
+        plan = self.s.plan()
+        if plan is None:
+            return None
+        self.fence = max(self.fence, self.s._last_fence or 0) + 1
+        ms = self.durations.duration_ns(plan.shape) / MS if self.durations else None
+        start = self.s.now_ns
+        out = step(self.s, plan, self.fence, ms, eos=eos)
+        self.history.append((plan, start, self.s.now_ns))
+        for g in out:
+            if g.tokens:
+                self.published.setdefault(g.handle, []).append(self.s.now_ns)
+        return plan
+
+    def run(self, n, eos=()):
+        plans = []
+        for _ in range(n):
+            p = self.run_one(eos)
+            if p is None:
+                break
+            plans.append(p)
+        return plans
+
+
+def digest(s: Scheduler):
+    """Everything a completion may change, for 'state unchanged' assertions."""
+    return (
+        repr(sorted(s.requests.items())),
+        s.queue.fences(),
+        repr(sorted((k.label(), e.estimate_ns, tuple(e.samples), e.last_valid_ns) for k, e in s.costs._entries.items())),
+        s.resources.free_slots, s.resources.free_pages,
+        repr(s.stats.executions), repr(s.stats.nanoseconds),
+    )
+
+
+@pytest.fixture
+def ms():
+    return MS

@@ -1,0 +1,63 @@
+"""Policy preferences: the spec's defaults table, presets, overrides and validation."""
+
+import math
+
+import pytest
+
+from helios.config import PolicyConfig, SchedulerConfig, SchedulerPolicy, preset
+from helios.errors import ConfigError
+
+
+def test_defaults_match_the_spec_table():
+    p = PolicyConfig()
+    assert (p.output_token_value, p.token_fairness, p.delivery_fairness) == (64, 16, 4)
+    assert (p.decode_age_price, p.terminal_value, p.terminal_age_price) == (0.1, 256, 1)
+    assert (p.adaptation_ms, p.estimate_ttl_ns, p.adaptive_verification_alpha) == (100, 30_000_000_000, 1)
+
+
+def test_balanced_preset_uses_the_default_coefficients():
+    assert preset("balanced") == PolicyConfig()
+
+
+def test_throughput_preset_drops_delivery_fairness_and_decode_age_only():
+    p = preset(SchedulerPolicy.THROUGHPUT)
+    assert p.delivery_fairness == 0 and p.decode_age_price == 0
+    assert p.token_fairness == 16 and p.output_token_value == 64
+    assert p.terminal_value == 256 and p.terminal_age_price == 1
+
+
+def test_terminal_overrides_apply_after_the_preset():
+    p = preset("throughput", terminal_value=0, terminal_age_price=0)
+    assert p.terminal_value == 0 and p.terminal_age_price == 0 and p.decode_age_price == 0
+
+
+@pytest.mark.parametrize("field", ["output_token_value", "token_fairness", "delivery_fairness",
+                                   "decode_age_price", "terminal_value", "terminal_age_price"])
+@pytest.mark.parametrize("bad", [-1.0, math.inf, math.nan])
+def test_values_must_be_finite_and_nonnegative_and_errors_name_the_field(field, bad):
+    with pytest.raises(ConfigError, match=field):
+        PolicyConfig(**{field: bad})
+
+
+def test_zero_disables_a_preference_and_is_valid():
+    assert PolicyConfig(token_fairness=0, delivery_fairness=0, decode_age_price=0).token_fairness == 0
+
+
+@pytest.mark.parametrize("bad", [0, -0.5, math.inf])
+def test_alpha_must_be_positive(bad):
+    with pytest.raises(ConfigError, match="adaptive_verification_alpha"):
+        preset("balanced", adaptive_verification_alpha=bad)
+
+
+def test_unknown_policy_lists_the_choices():
+    with pytest.raises(ConfigError, match="balanced, throughput"):
+        preset("fastest")
+
+
+def test_scheduler_config_bounds_selection_to_64_slots_and_two_frames():
+    with pytest.raises(ConfigError, match="selection_slots"):
+        SchedulerConfig(selection_slots=65)
+    with pytest.raises(ConfigError, match="frame_slots"):
+        SchedulerConfig(frame_slots=3)
+    with pytest.raises(ConfigError, match="request_slots"):
+        SchedulerConfig(request_slots=0)
