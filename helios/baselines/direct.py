@@ -127,12 +127,15 @@ class DirectScheduler(BaselineScheduler):
         if not self.queue.accepts_more(now):
             return None
         decoders = any(r.phase is Phase.DECODE for r in self.requests.values())
-        if self._last_decode or not decoders:
-            chunk = self.fcfs_prefill(self.prefill_budget)
-            if chunk is not None:
-                # Prefill needs an empty window: wait for the queued rounds to drain.
-                return None if len(self.queue) else self._build_plan(*chunk, requires_feedback=True)
-        return self._decode_round(now)
+        chunk = self.fcfs_prefill(self.prefill_budget) if self._last_decode or not decoders else None
+        if chunk is not None:
+            # Prefill needs an empty window: wait for the queued rounds to drain.
+            return None if len(self.queue) else self._build_plan(*chunk, requires_feedback=True)
+        decode = self._decode_round(now)
+        if decode is None and not len(self.queue):
+            chunk = self.fcfs_prefill(self.prefill_budget)  # no runnable decoder after all
+            return None if chunk is None else self._build_plan(*chunk, requires_feedback=True)
+        return decode
 
     def _decode_round(self, now: int) -> ScheduledPlan | None:
         """Helios's decode selection (policy.decode_candidates over planning.build_view)."""

@@ -11,6 +11,7 @@ from helios.errors import InvalidCompletion
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason
 from helios.scheduler.queue import ExecutionQueue, Frame
 from helios.scheduler.requests import Phase
+from helios.scheduler.service import logaddexp
 
 
 @dataclass(slots=True)
@@ -99,6 +100,7 @@ def apply_completion(sched, frame: Frame, records, timing: ExecutionTiming) -> l
             r.finish = FinishReason.LENGTH
         elif r.prompt_done + r.output_done >= sched.config.max_context:
             r.finish = FinishReason.CONTEXT
+        r.update_phase()
         if rec.tokens or r.finish is not None:
             out.append(GeneratedToken(r.handle, frame.fence, tuple(int(t) for t in rec.tokens), r.finish, first))
     return out
@@ -106,15 +108,15 @@ def apply_completion(sched, frame: Frame, records, timing: ExecutionTiming) -> l
 
 def _account_interval(sched, frame: Frame, served: dict, delta_ms: float) -> None:
     tau = sched.policy.adaptation_ms
-    decay, keep = delta_ms / tau, -math.expm1(-delta_ms / tau)
+    decay = delta_ms / tau
+    log_keep = math.log(-math.expm1(-decay) / delta_ms)
     for handle, epoch in frame.participants:
         r = sched.requests.get(handle)
         if r is None or r.epoch != epoch:
             continue  # a cancelled handle cannot charge anyone, even a reuser of its slot
         tokens, outputs = served.get(handle, (0, 0))
         h = r.history
-        h.log_x = h.log_x - decay if tokens == 0 else float(
-            np.logaddexp(h.log_x - decay, math.log(keep * tokens / delta_ms)))
+        h.log_x = h.log_x - decay if tokens == 0 else logaddexp(h.log_x - decay, log_keep + math.log(tokens))
         produced = outputs > 0
         if h.log_z is not None:
             # Completion records zero deliveries; publication replaces it with one.

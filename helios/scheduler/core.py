@@ -72,6 +72,7 @@ class Scheduler:
         self._next_handle += 1
         r = Request(handle, request, now_ns, ServiceHistory(self._starting_log_rate()))
         r.prompt_done = request.cached_tokens
+        r.update_phase()
         self.requests[handle] = r
         return handle
 
@@ -97,6 +98,7 @@ class Scheduler:
             return
         r.cancelled = True
         r.finish = reason
+        r.update_phase()
         r.epoch += 1
         r.version += 1
         self._retire_if_idle(r)

@@ -37,12 +37,13 @@ class Request:
     last_served_seq: int = -1  # decision counter of the last service: less recent wins ties
     pending_delivery: tuple | None = None  # (fence, delta_ms, log_z before the interval)
     latest_completion_fence: int | None = None
+    phase: Phase = Phase.PREFILL  # kept by update_phase(): read on every decision
 
-    @property
-    def phase(self) -> Phase:
+    def update_phase(self) -> None:
         if self.finish is not None or self.cancelled:
-            return Phase.DONE
-        return Phase.DECODE if self.prompt_done >= self.spec.prompt_tokens else Phase.PREFILL
+            self.phase = Phase.DONE
+        else:
+            self.phase = Phase.DECODE if self.prompt_done >= self.spec.prompt_tokens else Phase.PREFILL
 
     @property
     def prompt_left(self) -> int:

@@ -30,6 +30,12 @@ class ServiceHistory:
     log_z: float | None = None  # None until the first published burst
 
 
+def logaddexp(a: float, b: float) -> float:
+    """Scalar log(e^a + e^b) in plain floats (numpy's scalar call costs more than the math)."""
+    hi, lo = (a, b) if a >= b else (b, a)
+    return hi + math.log1p(math.exp(lo - hi)) if lo > -math.inf else hi
+
+
 def ewma_log(log_rate: float, delta_ms: float, served: float, tau_ms: float) -> float:
     """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d.
 
@@ -40,7 +46,7 @@ def ewma_log(log_rate: float, delta_ms: float, served: float, tau_ms: float) -> 
     if served <= 0:
         return decayed
     fresh = math.log(-math.expm1(-delta_ms / tau_ms)) + math.log(served / delta_ms)
-    return float(np.logaddexp(decayed, fresh))
+    return logaddexp(decayed, fresh)
 
 
 @dataclass(frozen=True, slots=True)

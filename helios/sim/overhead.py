@@ -14,7 +14,7 @@ from helios.graphs import GraphKind, ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
 from helios.sim.costmodel import SyntheticCostModel
 
-CHUNKS = (64, 128, 256, 512, 1024, 2048, 4096)
+CHUNKS = (64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
 
 
 def bench_catalog():

@@ -85,6 +85,7 @@ def test_plan_matches_exhaustive_enumeration(states, policy):
             r.last_publication_ns = now - age * MS
         else:
             r.prompt_done = 10
+        r.update_phase()
     p = s.plan()
     expected, shape, handles = brute_force(s, policy)
     got = p.selection_value_rate() * math.exp(p.selection_log_scale())
