@@ -9,6 +9,14 @@ from enum import Enum
 from helios.errors import ConfigError
 
 
+class SpeculationMode(Enum):
+    """`--speculation`: off, one fixed verification width, or adaptive width selection."""
+
+    OFF = "off"
+    FIXED = "fixed"  # host allocation (exact QueryLength): complete prefixes
+    ADAPTIVE = "adaptive"  # every width competes; device confidence allocation for D > 0
+
+
 class SchedulerPolicy(Enum):
     """The spec's presets for `--scheduler-policy`."""
 
@@ -80,9 +88,21 @@ class SchedulerConfig:
     max_context: int = 8192
     selection_slots: int = 64  # the spec's bound on slots considered per decision
     frame_slots: int = 2  # transport frames; only decode may occupy both
+    draft_capacity: int = 8  # deepest proposal depth tracked (confidence sidecar width)
+    speculation: SpeculationMode = SpeculationMode.OFF
+    copy_proposals: bool = False  # prompt lookup instead of a learned proposer
 
     def __post_init__(self) -> None:
+        if not isinstance(self.speculation, SpeculationMode):
+            try:
+                object.__setattr__(self, "speculation", SpeculationMode(self.speculation))
+            except ValueError:
+                raise ConfigError("speculation", f"choose off, fixed or adaptive, got {self.speculation!r}") from None
+        if not isinstance(self.copy_proposals, bool):
+            raise ConfigError("copy_proposals", "must be a bool")
         for f in fields(self):
+            if f.name in ("speculation", "copy_proposals"):
+                continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f.name, f"must be a positive integer, got {value!r}")

@@ -9,8 +9,9 @@ import numpy as np
 
 from helios.engine.core import CostModel, Execution
 from helios.errors import HeliosError
-from helios.graphs import Catalog
+from helios.graphs import Catalog, GraphKind
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
+from helios.scheduler.rounds import device_allocate
 
 
 class CoreFault(HeliosError):
@@ -38,7 +39,9 @@ class SimCore:
 
     def __init__(self, catalog: Catalog, cost_model: CostModel, *, seed: int = 0, noise: float = 0.0,
                  ranks: int = 1, readiness_ns: int = 0, host_overhead_ns: int = 0,
-                 faults: SimFaults | None = None, vocab: int = 32000, eos_id: int = 0):
+                 faults: SimFaults | None = None, vocab: int = 32000, eos_id: int = 0,
+                 acceptance=None, request_slots: int = 64, draft_capacity: int = 8,
+                 confidence_noise: float = 0.05):
         if ranks < 1:
             raise ValueError("ranks must be at least 1")
         self.catalog = catalog
@@ -50,6 +53,10 @@ class SimCore:
         self.faults = faults or SimFaults()
         self.vocab = vocab
         self.eos_id = eos_id
+        # `acceptance` offers conditional(request_key, depth) -> per-position acceptance rates.
+        self.acceptance = acceptance
+        self.sidecar_shape = (2, request_slots, draft_capacity)
+        self.confidence_noise = confidence_noise
         self._rng = np.random.default_rng(seed)
         self._requests: dict[RequestHandle, _SimRequest] = {}
 
@@ -69,20 +76,60 @@ class SimCore:
         if fence in self.faults.raise_on:
             raise CoreFault(f"injected fault at fence {fence}")
         duration = self.true_duration_ns(plan)
+        if plan.shape.kind is GraphKind.SPECULATIVE:
+            return self._round(plan, duration)
         records = []
         for lane in plan.lanes:
             state = self._requests.setdefault(lane.handle, _SimRequest(None))
-            tokens = []
-            eos = False
-            for _ in range(lane.output_rows):
-                state.emitted += 1
-                if state.output_len is not None and state.emitted >= state.output_len:
-                    tokens.append(self.eos_id)
-                    eos = True
-                    break
-                tokens.append(int(self._rng.integers(1, self.vocab)))
-            records.append(CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), eos))
+            tokens, eos = self._emit(state, lane.output_rows)
+            records.append(CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tokens, eos))
         return Execution(tuple(records), self._timing(duration), duration)
+
+    def _emit(self, state: _SimRequest, count: int) -> tuple[tuple[int, ...], bool]:
+        tokens = []
+        for _ in range(count):
+            state.emitted += 1
+            if state.output_len is not None and state.emitted >= state.output_len:
+                tokens.append(self.eos_id)
+                return tuple(tokens), True
+            tokens.append(int(self._rng.integers(1, self.vocab)))
+        return tuple(tokens), False
+
+    def _round(self, plan: ScheduledPlan, duration: int) -> Execution:
+        """A complete speculative program: proposals, confidence, allocation, verification, commit."""
+        depth = plan.shape.proposal_depth
+        cond, joint = [], []
+        for lane in plan.lanes:
+            c = (self.acceptance.conditional(lane.handle, depth) if self.acceptance is not None and depth
+                 else np.full(depth, 0.5))
+            cond.append(np.asarray(c, dtype=float)[:depth])
+            # The device's confidence is a noisy view of the true acceptance, causal by construction.
+            p = np.clip(cond[-1] + self.confidence_noise * self._rng.standard_normal(depth), 0.0, 1.0)
+            joint.append(np.cumprod(p))
+        ceilings = [lane.output_rows for lane in plan.lanes]
+        if plan.device_allocation:
+            slots = [lane.slot if lane.slot is not None else i for i, lane in enumerate(plan.lanes)]
+            rows = device_allocate(joint, ceilings, slots, plan.shape.target_capacity)
+        else:
+            rows = ceilings
+        records = []
+        for lane, r, c in zip(plan.lanes, rows, cond):
+            accepted = 0
+            while accepted < r - 1 and self._rng.random() < c[accepted]:
+                accepted += 1
+            state = self._requests.setdefault(lane.handle, _SimRequest(None))
+            tokens, eos = self._emit(state, accepted + 1)  # accepted drafts plus one bonus/replacement
+            records.append(CompletionRecord(lane.handle, lane.epoch, 0, tokens, eos,
+                                            offered=r - 1 if plan.device_allocation else None))
+        sidecar = None
+        if plan.device_allocation:
+            sidecar = np.zeros(self.sidecar_shape, dtype=np.float32)
+            for lane, j in zip(plan.lanes, joint):
+                if lane.slot is not None:
+                    prev = np.concatenate([[1.0], j[:-1]])
+                    sidecar[0, lane.slot, :depth] = np.divide(j, prev, out=np.zeros_like(j), where=prev > 0)
+                    sidecar[1, lane.slot, :depth] = j
+        return Execution(tuple(records), self._timing(duration), duration, confidence=sidecar)
 
     def _timing(self, duration: int) -> ExecutionTiming:
         u = float(self._rng.random())

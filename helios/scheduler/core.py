@@ -7,7 +7,7 @@ from collections import deque
 
 import numpy as np
 
-from helios.config import PolicyConfig, SchedulerConfig
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import ExecutionStats, apply_completion, validate_completion
@@ -18,6 +18,8 @@ from helios.scheduler.plan import (
 )
 from helios.scheduler.planning import build_view
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
+from helios.scheduler.rounds import speculative_candidates
+from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
 from helios.scheduler.queue import ExecutionQueue, Frame
 from helios.scheduler.requests import Phase, Request, ResourcePool
 from helios.scheduler.service import PriceCoefficients, ServiceHistory, ewma_log
@@ -38,8 +40,10 @@ class Scheduler:
         self.config = config or SchedulerConfig()
         self.costs = costs or CostTable(self.policy.estimate_ttl_ns)
         self.coeff = PriceCoefficients.of(self.policy)
+        spec_on = self.config.speculation is not SpeculationMode.OFF
         self.resources = ResourcePool(self.config.request_slots, self.config.kv_pages,
-                                      self.config.page_tokens, self.config.max_context)
+                                      self.config.page_tokens, self.config.max_context,
+                                      self.config.draft_capacity if spec_on else 0)
         self.queue = ExecutionQueue(self.config.frame_slots)
         self.requests: dict[RequestHandle, Request] = {}
         self.stats = ExecutionStats()
@@ -52,6 +56,12 @@ class Scheduler:
         self._retired_set: set[RequestHandle] = set()
         self._decode_shapes = catalog.of_kind(GraphKind.DECODE)
         self._prefill_shapes = {k: catalog.of_kind(k) for k in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL)}
+        self._spec_shapes = catalog.of_kind(GraphKind.SPECULATIVE) if spec_on else ()
+        if any(sh.proposal_depth > self.config.draft_capacity for sh in self._spec_shapes):
+            raise InvalidRequest("a speculative program's depth exceeds draft_capacity")
+        self.speculation = SpeculationModel(self.config.draft_capacity)
+        self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
+        self._delivery_shapes = self._decode_shapes + self._spec_shapes
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -123,18 +133,26 @@ class Scheduler:
             return None
         decode_costs = self._decode_costs()
         view = build_view(live, self.queue, self.policy, self.coeff, decode_costs, self.resources,
-                          start, self.config.max_context, self.config.selection_slots)
+                          start, self.config.max_context, self.config.selection_slots,
+                          (self.speculation, self.source) if self._spec_shapes else None)
         costs = self._cost_lookup(now)
         candidates = decode_candidates(self._decode_shapes, costs, view.decode, view.waiting)
+        if self._spec_shapes:
+            device = self.config.speculation is SpeculationMode.ADAPTIVE
+            candidates += speculative_candidates(self._spec_shapes, costs, view.decode, view.waiting, device)
         budget = Budget(self.resources.free_slots, self.resources.free_pages)
         for kind, (pool, _) in view.prefill.items():
             candidates += prefill_candidates(self._prefill_shapes[kind], costs, pool, view.waiting, budget)
         winner = best(candidates)
         if winner is None:
             return None
-        reqs = view.decode_reqs if winner.shape.kind is GraphKind.DECODE else view.prefill[winner.shape.kind][1]
-        lanes = tuple(self._lane(reqs[i], int(i), int(w), winner, view)
-                      for i, w in zip(winner.members, winner.works))
+        if winner.shape.kind is GraphKind.SPECULATIVE:
+            lanes = tuple(self._spec_lane(view.decode_reqs[i], int(i), int(c), int(rows), winner, view)
+                          for i, c, rows in zip(winner.members, winner.ceilings, winner.rows))
+        else:
+            reqs = view.decode_reqs if winner.shape.kind is GraphKind.DECODE else view.prefill[winner.shape.kind][1]
+            lanes = tuple(self._lane(reqs[i], int(i), int(w), winner, view)
+                          for i, w in zip(winner.members, winner.works))
         requires_feedback = (not winner.shape.kind.queueable or winner.cost_state is not CostState.FRESH
                              or any(l.needs_feedback for l in lanes))
         if len(self.queue) and requires_feedback:
@@ -143,10 +161,11 @@ class Scheduler:
         reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
         return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
                              requires_feedback, winner.cost_state is CostState.STALE, now, start,
-                             self.queue.fences())
+                             self.queue.fences(), winner.device)
 
     def _decode_costs(self) -> list[tuple[int, float]]:
-        return [(s.batch_capacity, t / 1e6) for s in self._decode_shapes
+        # Every delivery-bearing family: one visible burst per lane, whatever its width.
+        return [(s.batch_capacity, t / 1e6) for s in self._delivery_shapes
                 if (t := self.costs.estimate_ns(s)) is not None]
 
     def _cost_lookup(self, now: int):
@@ -163,8 +182,25 @@ class Scheduler:
                         r.context_tokens, 1, 1.0, 1.0, value,
                         needs_feedback=r.spec.host_feedback and bool(r.inflight))
         finishes = work == r.prompt_left
+        # A finishing chunk commits its prompt and can publish one first output token.
         return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, work,
                     r.context_tokens, int(finishes), float(work + finishes), 0.0, 0.0)
+
+    def _spec_lane(self, r: Request, i: int, ceiling: int, rows: int, winner, view) -> Lane:
+        pool = view.decode
+        t = winner.t_ms or 0.0
+        gains = pool.extra_value[i] * pool.survival_alpha[i, : rows - 1].sum()
+        value = float(pool.base[i] + gains + pool.age_slope * t)
+        # A queued lane can advance by at most min(ceiling, P) tokens: limits account for that.
+        bound = min(ceiling, winner.shape.target_capacity)
+        expected = expected_output(pool.survival[i], rows)
+        return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, 0,
+                    r.context_tokens, bound, expected, 1.0, value,
+                    needs_feedback=r.spec.host_feedback and bool(r.inflight), predicted_rows=rows)
+
+    def seed_acceptance(self, survival, source: ProposalSource | None = None) -> None:
+        """Preseed the population acceptance prior (prefix survival by depth)."""
+        self.speculation.acceptance_prior[source or self.source].seed(survival)
 
     # ---- commit ------------------------------------------------------------------------
     def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
@@ -227,9 +263,29 @@ class Scheduler:
     # ---- completion and publication ----------------------------------------------------
     def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:
         """Validate every lane first; a bad completion raises and changes nothing."""
-        frame = validate_completion(self.queue, self.requests, fence, records, timing)
+        return self._complete(fence, records, timing, None, None)
+
+    def complete_with_survival(self, fence: Fence, records, timing: ExecutionTiming, survival) -> list[GeneratedToken]:
+        """As complete(); `survival` maps handles to completion_speculative_survival rows."""
+        return self._complete(fence, records, timing, None, survival)
+
+    def complete_packed_round(self, fence: Fence, records, timing: ExecutionTiming, confidence) -> list[GeneratedToken]:
+        """Complete a device-allocated round with its FP32 [2, slots, draft_capacity] sidecar
+        (or one per rank, rank 0 first; rank 0 drives host decisions)."""
+        return self._complete(fence, records, timing, confidence, None)
+
+    def complete_packed_round_with_survival(self, fence: Fence, records, timing: ExecutionTiming,
+                                            confidence, survival) -> list[GeneratedToken]:
+        return self._complete(fence, records, timing, confidence, survival)
+
+    def sidecar_shape(self) -> tuple[int, int, int]:
+        return (2, self.config.request_slots, self.config.draft_capacity)
+
+    def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
+        frame = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
+                                    self.sidecar_shape())
         self.queue.pop()
-        out = apply_completion(self, frame, records, timing)
+        out = apply_completion(self, frame, records, timing, confidence, survival)
         for r in [self.requests[lane.handle] for lane in frame.plan.lanes if lane.handle in self.requests]:
             self._retire_if_idle(r)
         return out

@@ -76,6 +76,7 @@ class Lane:
     expected_deliveries: float
     value: float  # scaled lane value, including the served-decoder age credit
     needs_feedback: bool = False
+    predicted_rows: int = 1  # speculative: rows the host expects (== output_rows when it allocates)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +94,7 @@ class ScheduledPlan:
     planned_ns: int
     start_ns: int  # planning start time: the queue's expected end
     queue_fences: tuple[Fence, ...]
+    device_allocation: bool = False  # D > 0 program whose target rows the device allocates
 
     def selection_value_rate(self) -> float:
         return self.score
@@ -118,6 +120,7 @@ class CompletionRecord:
     prompt_tokens: int
     tokens: tuple[int, ...] = ()
     eos: bool = False
+    offered: int | None = None  # speculative: draft positions verified (None: the lane's full prefix)
 
 
 @dataclass(frozen=True, slots=True)

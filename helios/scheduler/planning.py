@@ -23,7 +23,7 @@ class PlanningView:
     log_scale: float
     waiting: float  # scaled sum of c over active decoders
     sigma_ms: float | None
-    decode: LanePool
+    decode: LanePool  # decoders, with speculative arrays filled when speculation is loaded
     decode_reqs: list[Request]
     prefill: dict[GraphKind, tuple[LanePool, list[Request]]]
 
@@ -66,7 +66,8 @@ def project_rates(live: list[Request], queue: ExecutionQueue, tau_ms: float):
 
 def build_view(live: list[Request], queue: ExecutionQueue, policy: PolicyConfig, coeff: PriceCoefficients,
                decode_costs: list[tuple[int, float]], resources: ResourcePool, start_ns: int,
-               max_context: int, max_lanes: int) -> PlanningView:
+               max_context: int, max_lanes: int, speculation=None) -> PlanningView:
+    """`speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded."""
     log_x, log_z, expected_delivery = project_rates(live, queue, policy.adaptation_ms)
     lp, lo, ld = log_prices(log_x, log_z, coeff)
     phases = [r.phase for r in live]
@@ -90,6 +91,8 @@ def build_view(live: list[Request], queue: ExecutionQueue, policy: PolicyConfig,
     with np.errstate(over="ignore"):
         base = np.exp(lo[d] - scale) + np.exp(ld[d] - scale) + c_sigma * ages
     decode = LanePool(_handles(live, dec), _lru(live, dec), _slots(live, dec), base, age_slope=c_sigma)
+    if speculation is not None:
+        _add_speculation(decode, [live[i] for i in dec], np.exp(lo[d] - scale), speculation, policy, max_context)
 
     prefill: dict[GraphKind, tuple[LanePool, list[Request]]] = {}
     for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
@@ -109,6 +112,17 @@ def build_view(live: list[Request], queue: ExecutionQueue, policy: PolicyConfig,
         )
         prefill[kind] = (pool, reqs)
     return PlanningView(scale, c * s * len(active), sigma, decode, [live[i] for i in dec], prefill)
+
+
+def _add_speculation(pool: LanePool, reqs: list[Request], extra_value, speculation, policy, max_context):
+    model, source = speculation
+    pool.extra_value = extra_value
+    pool.survival = np.array([model.survival(r.speculation, source) for r in reqs]).reshape(len(reqs), model.depth)
+    pool.survival_alpha = pool.survival ** policy.adaptive_verification_alpha
+    forecast = np.array([model.forecast(r.speculation) for r in reqs]).reshape(len(reqs), model.depth)
+    # The device admits causal frontiers; a nonincreasing envelope keeps the prediction causal.
+    pool.forecast = np.minimum.accumulate(forecast, axis=1)
+    pool.limit = np.array([min(r.output_left, max_context - r.context_tokens) for r in reqs], dtype=np.int64)
 
 
 def _age_ms(r: Request, expected_delivery_ns: int | None, start_ns: int) -> float:

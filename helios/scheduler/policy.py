@@ -33,6 +33,12 @@ class LanePool:
     to_endpoint: np.ndarray | None = None
     resident: np.ndarray | None = None
     pages: np.ndarray | None = None
+    # Speculative only (n x depth matrices, 0-based draft positions):
+    extra_value: np.ndarray | None = None  # scaled value of one more accepted token
+    survival_alpha: np.ndarray | None = None  # s_d ** alpha, for scoring
+    survival: np.ndarray | None = None  # s_d, for expected service
+    forecast: np.ndarray | None = None  # monotone joint-prefix confidence forecast
+    limit: np.ndarray | None = None  # rows a lane may commit (output and context limits)
 
 
 @dataclass(slots=True)
@@ -48,6 +54,9 @@ class Candidate:
     lru: int = 0
     padding: int = 0
     key: tuple = field(default=())
+    rows: np.ndarray | None = None  # speculative: predicted (device) or exact (host) rows per lane
+    ceilings: np.ndarray | None = None  # speculative: min(D + 1, W, request limit)
+    device: bool = False  # device (confidence) allocation
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +65,7 @@ class Budget:
     free_pages: int
 
 
-def _finish(c: Candidate, pool: LanePool, waiting: float) -> Candidate:
+def finish_candidate(c: Candidate, pool: LanePool, waiting: float) -> Candidate:
     n = len(c.members)
     if c.t_ms is None:
         # Optimistic work score: an unknown duration ranks by expected useful value alone.
@@ -64,7 +73,12 @@ def _finish(c: Candidate, pool: LanePool, waiting: float) -> Candidate:
     else:
         c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
     c.lru = int(pool.lru[c.members].max()) if n else 0
-    used = int(c.works.sum()) if c.shape.kind.is_prefill else n * c.shape.token_capacity
+    if c.shape.kind.is_prefill:
+        used = int(c.works.sum())
+    elif c.rows is not None:
+        used = int(c.rows.sum())
+    else:
+        used = n * c.shape.token_capacity
     c.padding = c.shape.target_capacity - used
     # Unknown first; then value (rate); then shorter known time, more requests served,
     # less recently used requests, smaller padding; finally a stable shape order.
@@ -90,7 +104,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
         members = order[:m]
         c = Candidate(shape, members, np.zeros(m, dtype=np.int64), float(sums[m]),
                       pool.age_slope * m, t_ms, state)
-        out.append(_finish(c, pool, waiting))
+        out.append(finish_candidate(c, pool, waiting))
     return out
 
 
@@ -143,7 +157,7 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
                                                                           pool.to_endpoint[members]):
                 continue
             c = Candidate(shape, members, works[members], float(sums[m]), 0.0, t_ms, state)
-            out.append(_finish(c, pool, waiting))
+            out.append(finish_candidate(c, pool, waiting))
     return out
 
 

@@ -8,6 +8,7 @@ from enum import Enum
 from helios.errors import ResourceExhausted
 from helios.scheduler.plan import FinishReason, RequestHandle, RequestSpec
 from helios.scheduler.service import ServiceHistory
+from helios.scheduler.speculation import SpeculationState
 
 
 class Phase(Enum):
@@ -38,6 +39,7 @@ class Request:
     pending_delivery: tuple | None = None  # (fence, delta_ms, log_z before the interval)
     latest_completion_fence: int | None = None
     phase: Phase = Phase.PREFILL  # kept by update_phase(): read on every decision
+    speculation: SpeculationState = field(default_factory=SpeculationState)
 
     def update_phase(self) -> None:
         if self.finish is not None or self.cancelled:
@@ -70,8 +72,9 @@ class Request:
 class ResourcePool:
     """Slots and pages. A request holds one slot and its full page extent while resident."""
 
-    def __init__(self, slots: int, pages: int, page_tokens: int, max_context: int):
+    def __init__(self, slots: int, pages: int, page_tokens: int, max_context: int, draft_tokens: int = 0):
         self.page_tokens = page_tokens
+        self.draft_tokens = draft_tokens
         self.max_context = max_context
         self.total_pages = pages
         self.free_pages = pages
@@ -83,7 +86,8 @@ class ResourcePool:
         return len(self._free_slots)
 
     def extent_pages(self, spec: RequestSpec) -> int:
-        tokens = min(spec.prompt_tokens + spec.max_output_tokens, self.max_context)
+        # The whole context extent plus declared draft storage, pinned while resident.
+        tokens = min(spec.prompt_tokens + spec.max_output_tokens, self.max_context) + self.draft_tokens
         return -(-tokens // self.page_tokens)
 
     def acquire(self, request: Request) -> None:

@@ -8,11 +8,11 @@ and the sequence number keeps ties deterministic.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Callable, Iterable
 
-from helios.engine.core import Execution
+from helios.engine.core import Execution, complete
 from helios.scheduler.plan import FinishReason, RequestSpec
 
 
@@ -38,6 +38,7 @@ class RequestLog:
     client: str
     prompt_tokens: int
     publications: list = field(default_factory=list)  # (time_ns, tokens)
+    prefills: list = field(default_factory=list)  # (time_ns, prompt tokens completed), for service metrics
     finish: FinishReason | None = None
     finished_ns: int | None = None
 
@@ -124,10 +125,16 @@ class Simulation:
             timing = result.timing
             if timing.wall_ns is not None:
                 timing = type(timing)(timing.rank_intervals_ns, timing.readiness_delay_ns, end - self.now_ns)
-            self.push(end, EventKind.COMPLETION, (fence, result.records, timing))
+                result = replace(result, timing=timing)
+            self.push(end, EventKind.COMPLETION, (fence, result))
 
-    def _complete(self, fence, records, timing) -> None:
-        for g in self.scheduler.complete(fence, records, timing):
+    def _complete(self, fence, result: Execution) -> None:
+        generated = complete(self.scheduler, fence, result)
+        # Prompt progress is recorded only once the scheduler has accepted the completion.
+        for rec in result.records:
+            if rec.prompt_tokens and rec.handle in self.logs:
+                self.logs[rec.handle].prefills.append((self.now_ns, rec.prompt_tokens))
+        for g in generated:
             log = self.logs[g.handle]
             if g.tokens:
                 log.publications.append((self.now_ns, len(g.tokens)))

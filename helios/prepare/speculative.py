@@ -1,0 +1,39 @@
+"""Speculative program coverage under the `--speculative-token-capacity` envelope R.
+
+Each request bucket B gets one program per verification width W (pending token included) with
+proposal depth D = W - 1. Rectangular programs need B x W <= R and declare P = B x W; where that
+does not fit and ragged programs are enabled, the program is ragged with P = R. Width-one
+programs (W = 1, D = 0) keep the draft context and exist at every bucket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from helios.errors import ConfigError
+from helios.graphs import Catalog, GraphKind, GraphShape, power_of_two_buckets
+
+
+def speculative_shapes(max_batch: int, widths: Iterable[int], token_capacity: int,
+                       ragged: bool = True) -> list[GraphShape]:
+    widths = sorted(set(widths))
+    if not widths or widths[0] < 1:
+        raise ConfigError("widths", "verification widths are positive")
+    if token_capacity < 1:
+        raise ConfigError("speculative_token_capacity", "R must be positive")
+    shapes = []
+    for b in power_of_two_buckets(max_batch):
+        for w in widths:
+            d = w - 1
+            if b * w <= token_capacity:
+                shapes.append(GraphShape(GraphKind.SPECULATIVE, b, w, d, b * w))
+            elif ragged and b < token_capacity and w <= token_capacity:
+                shapes.append(GraphShape(GraphKind.SPECULATIVE, b, w, d, token_capacity))
+    return shapes
+
+
+def with_speculation(catalog: Catalog, max_batch: int, widths: Iterable[int], token_capacity: int,
+                     ragged: bool = True) -> Catalog:
+    """The catalog plus speculative programs; ordinary decode is replaced by width-one programs."""
+    kept = [s for s in catalog if s.kind is not GraphKind.DECODE]
+    return Catalog(kept + speculative_shapes(max_batch, widths, token_capacity, ragged))
