@@ -1,0 +1,72 @@
+"""Adaptive speculation against every fixed width K = 0..7, in SimCore.
+
+Acceptance: the per-position curve measured on MT-Bench in vLLM (PR 26498, via
+data/specdecode_per_position_acceptance_vllm_issues.csv) with per-request variation
+(AcceptanceModel: each request's rates scaled by 2*Beta(k, k), sd 0.25). Durations: the
+synthetic ~7B-on-H100 model (SyntheticCostModel.realistic_small), every graph measured before
+the run. Each run serves `concurrency` requests of 64-token prompts and 256 output tokens to
+completion; useful tokens/s = committed output tokens / makespan. Printed as ratios to the best
+fixed K at each concurrency, all measured in this one run.
+
+Run: .venv/bin/python bench/adaptive_speculation.py [--quick]
+"""
+
+import sys
+
+from helios.config import SchedulerConfig, SpeculationMode, preset
+from helios.engine.sim_core import SimCore
+from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.prepare import speculative_shapes
+from helios.scheduler import RequestSpec, Scheduler
+from helios.sim.acceptance import AcceptanceModel
+from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.loop import Arrival, Simulation
+
+R = 256  # --speculative-token-capacity
+
+
+def catalog(widths, max_batch):
+    shapes = speculative_shapes(max_batch, widths, R)
+    b = 1
+    while b <= max_batch:
+        shapes.append(GraphShape(GraphKind.PREFILL, b, 64))
+        b *= 2
+    return Catalog(shapes)
+
+
+def run(concurrency, widths, mode, seed, output=256, policy="balanced"):
+    cat = catalog(widths, 64)
+    model = SyntheticCostModel.realistic_small()
+    config = SchedulerConfig(kv_pages=1 << 16, speculation=mode)
+    s = Scheduler(cat, preset(policy), config)
+    for shape in cat:
+        s.costs.observe(shape, model.duration_ns(shape, [64]), 0)
+    core = SimCore(cat, model, seed=seed, noise=0.03, acceptance=AcceptanceModel(seed=seed))
+    sim = Simulation(s, core)
+    sim.add(Arrival(0, RequestSpec(64, output)) for _ in range(concurrency))
+    sim.run()
+    tokens = sum(log.output_tokens for log in sim.logs.values())
+    return tokens / (sim.now_ns / 1e9)
+
+
+def main():
+    quick = "--quick" in sys.argv
+    levels = (1, 4) if quick else (1, 4, 16, 64)
+    seeds = (1,) if quick else (1, 2)
+    # Throughput drops the cadence preferences; balanced trades some tokens for deliveries.
+    for policy in ("throughput", "balanced"):
+        print(f"\npolicy {policy}")
+        print(f"{'conc':>4}  " + "  ".join(f"K={k:<4}" for k in range(8)) + "  adaptive  (ratio to best fixed K)")
+        for c in levels:
+            fixed = [sum(run(c, [k + 1], SpeculationMode.FIXED, sd, policy=policy) for sd in seeds) / len(seeds)
+                     for k in range(8)]
+            adaptive = sum(run(c, range(1, 9), SpeculationMode.ADAPTIVE, sd, policy=policy)
+                           for sd in seeds) / len(seeds)
+            best = max(fixed)
+            cells = "  ".join(f"{f / best:6.3f}" for f in fixed)
+            print(f"{c:>4}  {cells}  {adaptive / best:8.3f}   best fixed K={fixed.index(best)} "
+                  f"at {best:,.0f} tok/s; adaptive {adaptive:,.0f} tok/s")
+
+
+if __name__ == "__main__":
+    main()
