@@ -37,3 +37,27 @@ def with_speculation(catalog: Catalog, max_batch: int, widths: Iterable[int], to
     """The catalog plus speculative programs; ordinary decode is replaced by width-one programs."""
     kept = [s for s in catalog if s.kind is not GraphKind.DECODE]
     return Catalog(kept + speculative_shapes(max_batch, widths, token_capacity, ragged))
+
+
+def reduce_capacities(catalog: Catalog, *, max_width: int | None = None, max_batch: int | None = None,
+                      token_capacity: int | None = None) -> Catalog:
+    """Load-time selection: keep only the prepared programs inside the smaller limits.
+
+    It never synthesizes a program; asking for limits that leave no prepared program of a
+    family that was loaded is an error.
+    """
+    def keep(s: GraphShape) -> bool:
+        if max_batch is not None and s.batch_capacity > max_batch:
+            return False
+        if s.kind is GraphKind.SPECULATIVE:
+            if max_width is not None and s.token_capacity > max_width:
+                return False
+            if token_capacity is not None and s.target_capacity > token_capacity:
+                return False
+        return True
+
+    kept = [s for s in catalog if keep(s)]
+    for kind in {s.kind for s in catalog}:
+        if not any(s.kind is kind for s in kept):
+            raise ConfigError("capacities", f"no prepared {kind.value} program fits the requested limits")
+    return Catalog(kept)

@@ -288,3 +288,31 @@ def test_speculative_counters_cover_complete_programs():
     st_ = s.stats
     assert (st_.speculative_programs, st_.speculative_offered, st_.speculative_accepted,
             st_.speculative_emitted, st_.speculative_learned_draws) == (1, 8, 4, 8, 8)
+
+
+def test_load_time_reduction_keeps_only_existing_programs():
+    from helios.prepare import reduce_capacities
+    cat = Catalog(speculative_shapes(8, range(1, 9), 32) + [prefill(64)])
+    small = reduce_capacities(cat, max_width=4, token_capacity=16)
+    assert all(s.token_capacity <= 4 and s.target_capacity <= 16 for s in small.of_kind(SPEC))
+    assert set(small) <= set(cat)
+    with pytest.raises(ConfigError, match="no prepared speculative"):
+        reduce_capacities(cat, token_capacity=0)
+
+
+def test_copy_proposals_contribute_no_learned_draws():
+    table = {prefill(64, 4): 10.0, spec_shape(4, 3): 12.0}
+    s = Scheduler(Catalog(table), config=SchedulerConfig(kv_pages=1 << 15, speculation=SpeculationMode.FIXED,
+                                                         copy_proposals=True))
+    for shape, ms in table.items():
+        s.costs.observe(shape, int(ms * MS), 0)
+    hs = [s.admit(spec(prompt=64, out=50), 0) for _ in range(4)]
+    p = s.plan()
+    s.commit(p, 1)
+    s.complete(1, [CompletionRecord(l.handle, l.epoch, 64, (5,)) for l in p.lanes], ExecutionTiming((MS,)))
+    p = s.plan()
+    s.commit(p, 2)
+    # A copy proposer may supply a shorter prefix than the ceiling: offered bounds it.
+    s.complete(2, [CompletionRecord(l.handle, l.epoch, 0, (9,), offered=1) for l in p.lanes], ExecutionTiming((MS,)))
+    assert s.stats.speculative_learned_draws == 0 and s.stats.speculative_offered == 4
+    assert ProposalSource.COPY in s.requests[hs[0]].speculation.acceptance
