@@ -10,10 +10,15 @@ MAX_CONTEXT = 512  # small caches keep these tests cheap
 
 @pytest.fixture(scope="module")
 def model_and_tok():
+    # One thread: on the shared 2-core CI box two OpenMP threads slow down
+    # 5-10x whenever another process holds a core; one thread degrades gently.
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
     config, weights = load_weights()
     model = LlamaModel(config, weights)
     del weights
-    return model, Tokenizer.from_gguf()
+    yield model, Tokenizer.from_gguf()
+    torch.set_num_threads(threads)
 
 
 def chat_ids(tok, text):
