@@ -109,6 +109,7 @@ class Publication:
         self._stops = tuple(stops)
         self._held = ""  # decoded text held back because it may start a stop string
         self._ids: list[int] = []  # ids whose text has not been shown yet
+        self._stopped = False  # after a stop string nothing more is ever shown
 
     @property
     def has_text(self) -> bool:
@@ -116,6 +117,8 @@ class Publication:
 
     def feed(self, ids: Sequence[int]) -> Piece:
         ids = tuple(int(i) for i in ids)
+        if self._stopped:
+            return Piece()
         if self._decoder is None:
             return Piece("", ids)
         self._ids.extend(ids)
@@ -123,14 +126,14 @@ class Publication:
 
     def flush(self) -> Piece:
         """End of stream: release everything still held (a stop string may still complete)."""
-        if self._decoder is None:
+        if self._decoder is None or self._stopped:
             return Piece()
         return self._release(self._held + self._decoder.flush(), final=True)
 
     def _release(self, text: str, final: bool) -> Piece:
         cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
         if cut >= 0:
-            self._held = ""
+            self._held, self._stopped = "", True
             return self._take(text[:cut], stopped=True)
         keep = 0 if final else held_suffix(text, self._stops)
         shown, self._held = text[:len(text) - keep], text[len(text) - keep:]

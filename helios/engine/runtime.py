@@ -54,7 +54,11 @@ class RuntimeStats:
 
 
 class Runtime:
-    """Runs `scheduler` against `core` in two threads; `submit()` from any thread."""
+    """Runs `scheduler` against `core` in two threads; `submit()` and `cancel()` from any thread.
+
+    `on_finish(stream)` runs on the runtime thread, under the scheduler lock, when a stream
+    ends: keep it short (e.g. record stream.metrics and stream.usage).
+    """
 
     def __init__(self, scheduler, core, *, tokenizer=None, clock: Callable[[], int] = time.monotonic_ns,
                  on_finish: Callable[[RequestStream], None] | None = None, idle_poll_s: float = 0.05):
@@ -175,6 +179,7 @@ class Runtime:
                     # Live requests with nothing planned or on the core only arise from
                     # time-dependent scheduler state, so poll slowly; otherwise sleep until woken.
                     stalled = bool(self._streams) and not self._dispatched
+                    self._cv.notify_all()  # state changed: wake wait_idle() and stop()
                     self._cv.wait(self._idle_poll_s if stalled else None)
                     self.stats.loop_wakeups += 1
             except BaseException as exc:  # a scheduler bug: fail everyone rather than hang them
@@ -206,7 +211,7 @@ class Runtime:
             _, fence, execution, end_ns = item
             plan, dispatch_ns = self._dispatched.pop(fence)
             timing = dataclasses.replace(execution.timing, wall_ns=max(0, end_ns - dispatch_ns))
-            now = self._now()
+            self._now()
             try:
                 out = self.scheduler.complete(fence, list(execution.records), timing)
             except InvalidCompletion as exc:  # state unchanged: resolve the frame as a fault
@@ -216,7 +221,7 @@ class Runtime:
             self.stats.executions_by_shape[label] = self.stats.executions_by_shape.get(label, 0) + 1
             self.stats.wall_ns_by_shape[label] = self.stats.wall_ns_by_shape.get(label, 0) + timing.wall_ns
             for g in out:
-                self._publish(g, now)
+                self._publish(g)
         elif kind == "fault":
             _, fence, exc = item
             plan, _ = self._dispatched.pop(fence)
@@ -241,7 +246,7 @@ class Runtime:
         records = [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, ()) for l in plan.lanes]
         self.scheduler.complete(fence, records, ExecutionTiming(()))
 
-    def _publish(self, g: GeneratedToken, now: int) -> None:
+    def _publish(self, g: GeneratedToken) -> None:
         stream, pub = self._streams.get(g.handle), self._pubs.get(g.handle)
         if stream is None or pub is None:
             return  # already ended on the host side (cancelled, stopped, failed)
@@ -253,7 +258,9 @@ class Runtime:
             piece = piece.then(pub.flush())
         finish = STOP if piece.stopped else (_FINISH[g.finish] if g.finish is not None else None)
         if piece.text or (piece.token_ids and not pub.has_text):
-            # Visible output: tell the scheduler before the next completion is processed.
+            # Visible output: tell the scheduler before the next completion is processed, at
+            # the actual host publication time (output age is measured from it).
+            now = self._now()
             self.scheduler.published_output(g.handle, g.fence)
             stream.metrics.published(now)
             if finish is None:

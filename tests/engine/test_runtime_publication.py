@@ -1,0 +1,94 @@
+"""Publication: stop-string buffering and UTF-8-safe incremental detokenization."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_helpers import ByteTokenizer, ScriptedCore, make_runtime, resources  # noqa: E402
+
+from helios.engine.publication import Publication, held_suffix  # noqa: E402
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def run_scripted(texts, stop=(), max_tokens=64, tokenizer=ByteTokenizer()):
+    """Submit one request per text (its tokens are the text's bytes) and collect the events."""
+    rt, sched, core = make_runtime(ScriptedCore, tokenizer=tokenizer, scale=0.05)
+    initial = resources(sched)
+    out = []
+    with rt:
+        streams = [rt.submit([1, 2, 3], max_tokens=max_tokens, stop=stop,
+                             core_options={"script": list(t.encode())}) for t in texts]
+        for s in streams:
+            events = []
+            while (e := s.next_event(20)) is not None:
+                events.append(e)
+            out.append((s, events))
+        assert rt.wait_idle(10)
+        assert resources(sched) == initial  # stopped requests were cancelled and released
+    return out
+
+
+def test_stop_string_split_across_bursts_is_never_leaked():
+    """Rule: one byte per burst spells the stop string; none of it is ever published."""
+    texts = ["Hello STOP world", "STOP at once", "no stop here", "near STO! miss, then STOPPED"]
+    results = run_scripted(texts, stop=("STOP", "never-seen"))
+    expected = [("Hello ", "stop"), ("", "stop"), ("no stop here", "stop"), ("near STO! miss, then ", "stop")]
+    for (s, events), (text, reason) in zip(results, expected):
+        assert "".join(e.text for e in events) == s.text == text
+        assert s.finish_reason == reason
+        assert all("STOP" not in e.text for e in events)
+    # A disproved prefix is held, then released whole with the character that disproved it.
+    _, near = results[3]
+    assert any(e.text == "STO!" for e in near)
+    # The stopping burst carries the held ids; a stopped request counts what it generated.
+    s, _ = results[0]
+    assert bytes(s.token_ids).decode() == "Hello STOP"  # ids travel with text, as in vLLM
+    assert s.usage.completion_tokens == len("Hello STOP")
+
+
+def test_length_finish_flushes_held_text():
+    """Rule: text held as a possible stop prefix is released when the request ends by length."""
+    [(s, events)] = run_scripted(["abcST"], stop=("STOP",), max_tokens=5)
+    assert (s.text, s.finish_reason) == ("abcST", "length")
+    assert events[-1].text == "ST"
+
+
+def test_multibyte_character_split_across_tokens_is_emitted_whole():
+    """Rule: a UTF-8 character whose bytes arrive in separate bursts is published whole."""
+    text = "héllo € 😀 ok 中文"
+    [(s, events)] = run_scripted([text])
+    assert all("\ufffd" not in e.text for e in events)
+    assert "".join(e.text for e in events) == text and s.finish_reason == "stop"
+    assert "😀" in [e.text for e in events]  # four one-byte bursts became one event
+    assert s.usage.completion_tokens == len(text.encode()) + 1  # plus EOS, never shown
+
+
+def test_no_tokenizer_streams_ids_with_empty_text():
+    """Rule: with tokenizer=None, text is "" and token ids are still streamed."""
+    [(s, events)] = run_scripted(["xyz"], tokenizer=None)
+    assert [e.text for e in events] == [""] * len(events)
+    assert s.token_ids == list(b"xyz") and s.finish_reason == "stop"
+
+
+class BytesTokenizer(ByteTokenizer):
+    def token_bytes(self, i):
+        return bytes([i])
+
+
+@pytest.mark.parametrize("tokenizer", [ByteTokenizer(), BytesTokenizer()], ids=["decode", "token_bytes"])
+def test_publication_unit(tokenizer):
+    """Rule: pieces concatenate to the decoded text, minus everything from the stop string on."""
+    pub = Publication(tokenizer, ("<end>",))
+    data = "añb <e <end> tail".encode()
+    pieces = [pub.feed([b]) for b in data]
+    shown = "".join(p.text for p in pieces)
+    assert shown == "añb <e " and pieces[-1].stopped is False
+    assert [p.stopped for p in pieces].count(True) == 1
+    assert held_suffix("ab<en", ("<end>", "nd")) == 3 and held_suffix("abc", ("<end>",)) == 0
+    tail = Publication(tokenizer, ())
+    assert tail.feed([0xE2, 0x82]).text == "" and tail.flush().text == "\ufffd"
