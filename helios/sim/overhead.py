@@ -22,9 +22,18 @@ def bench_catalog():
     return ordinary_catalog(64, CHUNKS, max_prefill_tokens=16384, scored_prefill=True)
 
 
-def measure(active: int, iterations: int = 300) -> dict:
+def cost_models() -> dict:
+    """The two catalogs the overhead is reported against: a fast ~7B model on one H100 (the
+    hard case) and Llama-2-70B at TP2 on A100s calibrated from Vidur's profiles."""
+    from helios.sim.costmodel import VidurCostModel
+
+    return {"synthetic 7B/H100": SyntheticCostModel.realistic_small(),
+            "vidur 70B/A100 TP2": VidurCostModel.from_data("a100-70b-tp2")}
+
+
+def measure(active: int, iterations: int = 300, model=None) -> dict:
     catalog = bench_catalog()
-    model = SyntheticCostModel.realistic_small()
+    model = model or SyntheticCostModel.realistic_small()
     s = Scheduler(catalog, config=SchedulerConfig(request_slots=64, kv_pages=1 << 16))
     for shape in catalog:
         s.costs.observe(shape, model.duration_ns(shape, []), 0)
@@ -60,9 +69,12 @@ def measure(active: int, iterations: int = 300) -> dict:
 
 
 def print_overhead(iterations: int = 300) -> list[dict]:
-    rows = [measure(n, iterations) for n in (1, 4, 16, 64)]
-    print(f"catalog: {rows[0]['graphs']} graphs; shortest decode graph {rows[0]['shortest_decode_us']:.0f} us")
-    print(f"{'active':>6}  {'decision (us)':>13}  {'ratio to shortest decode':>24}  last graph")
-    for r in rows:
-        print(f"{r['active']:>6}  {r['decision_us']:>13.1f}  {r['ratio']:>23.2%}  {r['last']}")
-    return rows
+    out = []
+    for name, model in cost_models().items():
+        rows = [measure(n, iterations, model) for n in (1, 4, 16, 64)]
+        print(f"{name}: {rows[0]['graphs']} graphs; shortest decode graph {rows[0]['shortest_decode_us']:.0f} us")
+        print(f"{'active':>6}  {'decision (us)':>13}  {'ratio to shortest decode':>24}  last graph")
+        for r in rows:
+            print(f"{r['active']:>6}  {r['decision_us']:>13.1f}  {r['ratio']:>23.2%}  {r['last']}")
+        out += rows
+    return out
