@@ -9,11 +9,48 @@ import sys
 def _sim(args: argparse.Namespace) -> int:
     from helios.sim.demo import run_demo
 
+    if getattr(args, "sim_command", None) == "report":
+        return _sim_report(args)
     if not args.demo:
         print("flare sim: choose --demo (trace-driven runs arrive with `flare sim report`)", file=sys.stderr)
         return 2
     run_demo(requests=args.requests, seed=args.seed, steps=args.steps)
     return 0
+
+
+def _sim_report(args: argparse.Namespace) -> int:
+    import shlex
+    import time
+    from dataclasses import replace
+
+    from helios.errors import ConfigError
+    from helios.sim.experiment import Setup
+    from helios.sim.report import ReportConfig, quick, run_report
+
+    cfg = ReportConfig(seed=args.seed, setup=Setup(cost_model=args.cost_model))
+    if args.quick:
+        cfg = quick(cfg)
+    # Options given explicitly win over the defaults and over --quick.
+    given = {"traces": args.traces, "schedulers": args.schedulers, "window_s": args.window_s, "loads": args.loads,
+             "jobs": args.jobs}
+    cfg = replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v})
+    t0 = time.perf_counter()
+    try:
+        path = run_report(cfg, args.out, command="flare " + shlex.join(args.argv))
+    except (ConfigError, FileNotFoundError) as exc:  # bad names or missing data: say so, no traceback
+        print(f"flare sim report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+def _csv(kind):
+    def parse(text: str):
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
+    return parse
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -24,14 +61,18 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    print("flare run: the HTTP server is not available yet; try `flare sim --demo`", file=sys.stderr)
-    return 2
+    from helios.server.command import run
+
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flare", description="Helios LLM-serving runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="serve an OpenAI-compatible API")
+    from helios.server.command import add_arguments as add_run_arguments
+
+    add_run_arguments(run)
     run.set_defaults(func=_run)
     sim = sub.add_parser("sim", help="simulate the scheduler on a virtual clock")
     sim.add_argument("--demo", action="store_true", help="a short SimCore run with a per-step trace")
@@ -39,6 +80,20 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--steps", type=_positive, default=40)
     sim.add_argument("--seed", type=int, default=0)
     sim.set_defaults(func=_sim)
+    sim_sub = sim.add_subparsers(dest="sim_command")
+    report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report")
+    report.add_argument("--out", default="sim-report", help="output directory (report.md, PNGs, results.json)")
+    report.add_argument("--traces", type=_csv(str), help="comma-separated: azure, mooncake, multi")
+    report.add_argument("--schedulers", type=_csv(str),
+                        help="comma-separated: helios-balanced, helios-throughput, vllm-fcfs, sarathi, vtc, direct")
+    report.add_argument("--window-s", type=float, help="seconds of each trace to replay (default 60)")
+    report.add_argument("--loads", type=_csv(float), help="nominal loads, e.g. 0.2,0.4,0.6")
+    report.add_argument("--seed", type=int, default=0)
+    report.add_argument("--cost-model", default="h100-70b",
+                        help="h100-70b, a100-70b-tp2, h100-7b or realistic-small")
+    report.add_argument("--jobs", type=_positive,
+                        help="worker processes (default: 2, or 1 on a 1-CPU machine); results do not change")
+    report.add_argument("--quick", action="store_true", help="a tiny smoke configuration")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=_positive, default=300)
     bench.set_defaults(func=_bench)
@@ -56,7 +111,9 @@ def _positive(text: str) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
+    args.argv = argv  # the report records the command that made it
     return args.func(args)
 
 

@@ -25,6 +25,7 @@ from helios.errors import HeliosError, InvalidCompletion, InvalidRequest
 from helios.scheduler.plan import (
     CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestSpec, ScheduledPlan,
 )
+from helios.engine.core import complete
 from helios.engine.publication import Publication
 from helios.engine.stream import (
     CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent,
@@ -213,7 +214,7 @@ class Runtime:
             timing = dataclasses.replace(execution.timing, wall_ns=max(0, end_ns - dispatch_ns))
             self._now()
             try:
-                out = self.scheduler.complete(fence, list(execution.records), timing)
+                out = complete(self.scheduler, fence, dataclasses.replace(execution, timing=timing))
             except InvalidCompletion as exc:  # state unchanged: resolve the frame as a fault
                 self._fail_frame(fence, plan, f"engine returned an invalid completion: {exc}")
                 return

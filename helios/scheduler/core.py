@@ -138,7 +138,9 @@ class Scheduler:
         costs = self._cost_lookup(now)
         candidates = decode_candidates(self._decode_shapes, costs, view.decode, view.waiting)
         if self._spec_shapes:
-            device = self.config.speculation is SpeculationMode.ADAPTIVE
+            # Device allocation needs the program's causal confidence; copy proposals have none,
+            # so adaptive copy speculation chooses widths with host allocation.
+            device = self.config.speculation is SpeculationMode.ADAPTIVE and not self.config.copy_proposals
             candidates += speculative_candidates(self._spec_shapes, costs, view.decode, view.waiting, device)
         budget = Budget(self.resources.free_slots, self.resources.free_pages)
         for kind, (pool, _) in view.prefill.items():

@@ -1,0 +1,235 @@
+"""The OpenAI-compatible HTTP app: routes, admission, streaming and cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from dataclasses import dataclass
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.concurrency import run_in_threadpool
+
+from helios.engine.runtime import Runtime, RuntimeClosed
+from helios.engine.stream import RequestStream
+from helios.errors import InvalidRequest
+from helios.server.backend import Backend
+from helios.server.errors import APIError, install_handlers
+from helios.server.metrics import CONTENT_TYPE, ServerMetrics
+from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
+from helios.server.sse import DONE, EventStreamResponse, Formatter, error_event
+from helios.server.translate import Prepared, prepare_chat, prepare_completion
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSettings:
+    """HTTP-side limits: admission queue, body size, shutdown grace."""
+
+    max_queue: int = 32  # requests admitted beyond the request slots before answering 429
+    max_body_bytes: int = 2 * 1024 * 1024
+    shutdown_grace_s: float = 5.0  # in-flight requests may finish for this long on shutdown
+
+
+class Service:
+    """One served model: the runtime, its admission bound, metrics and drain state."""
+
+    def __init__(self, backend: Backend, settings: ServerSettings):
+        self.backend = backend
+        self.settings = settings
+        self.metrics = ServerMetrics()
+        self.runtime = Runtime(backend.scheduler, backend.core, tokenizer=backend.tokenizer,
+                               on_finish=self._on_finish)
+        self.metrics.attach(self.runtime)
+        self.limit = backend.slots + settings.max_queue
+        self.draining = False
+        self.created = int(time.time())
+        self._live = 0  # submitted, not yet ended; decremented on the runtime thread
+        self._lock = threading.Lock()
+
+    @property
+    def live(self) -> int:
+        return self._live
+
+    def start(self) -> None:
+        if not self.draining:  # a signal may arrive before the app has started
+            self.runtime.start()
+
+    def drain(self) -> bool:
+        """Stop admitting (new requests get 503), let in-flight requests finish within the grace
+        period, cancel the rest, and stop the runtime. Safe to call more than once."""
+        self.draining = True
+        grace = self.settings.shutdown_grace_s
+        return self.runtime.stop(timeout=grace + 30.0, drain_s=grace)
+
+    def _on_finish(self, stream: RequestStream) -> None:
+        with self._lock:
+            self._live -= 1
+        self.metrics.observe(stream)
+
+    def check_admission(self) -> None:
+        if self.draining:
+            self.metrics.rejected.labels("draining").inc()
+            raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
+        if self._live >= self.limit:
+            self.metrics.rejected.labels("queue_full").inc()
+            raise APIError(429, f"the server is at capacity ({self._live} requests running or queued; the "
+                                f"limit is {self.limit}); retry later", code="queue_full",
+                           headers={"retry-after": "1"})
+
+    def submit(self, prepared: Prepared) -> RequestStream:
+        self.check_admission()
+        with self._lock:
+            self._live += 1
+        try:
+            return self.runtime.submit(prepared.prompt_ids, prepared.params)
+        except InvalidRequest as exc:
+            self._unlive()
+            self.metrics.rejected.labels("invalid").inc()
+            raise APIError(400, str(exc), code="invalid_value") from None
+        except RuntimeClosed:
+            self._unlive()
+            raise APIError(503, "the server is shutting down and admits no new requests",
+                           code="shutting_down") from None
+
+    def _unlive(self) -> None:
+        with self._lock:
+            self._live -= 1
+
+
+def create_app(backend: Backend, settings: ServerSettings | None = None) -> FastAPI:
+    """The FastAPI app; its lifespan starts the runtime and drains it on shutdown."""
+    service = Service(backend, settings or ServerSettings())
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        service.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(service.drain)
+
+    app = FastAPI(title="flare", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.service = service
+    install_handlers(app)
+    model_id = backend.model_id
+
+    @app.get("/health")
+    async def health():
+        if service.draining:
+            return JSONResponse({"status": "draining"}, status_code=503)
+        if service.runtime.error is not None:
+            return JSONResponse({"status": "failed", "error": str(service.runtime.error)}, status_code=503)
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics():
+        body = await run_in_threadpool(service.metrics.render)
+        return Response(body, media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models():
+        return {"object": "list", "data": [_model_card(model_id, service)]}
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        _check_model(name, model_id)
+        return _model_card(model_id, service)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request):
+        req = parse_body(CompletionRequest, await _read_body(request, service.settings.max_body_bytes))
+        return await _serve(request, service, req, chat=False)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        req = parse_body(ChatCompletionRequest, await _read_body(request, service.settings.max_body_bytes))
+        return await _serve(request, service, req, chat=True)
+
+    return app
+
+
+def _model_card(model_id: str, service: Service) -> dict:
+    return {"id": model_id, "object": "model", "created": service.created, "owned_by": "helios",
+            "max_model_len": service.backend.max_context}
+
+
+def _check_model(name: str | None, model_id: str) -> None:
+    if name is not None and name != model_id:
+        raise APIError(404, f"The model '{name}' does not exist; this server serves '{model_id}'", param="model",
+                       code="model_not_found")
+
+
+async def _read_body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit}", code="body_too_large")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:  # chunked bodies carry no content-length
+            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="body_too_large")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _serve(request: Request, service: Service, req, chat: bool):
+    backend = service.backend
+    _check_model(req.model, backend.model_id)
+    service.check_admission()  # cheap early refusal before tokenizing
+    if chat:
+        prepared = await run_in_threadpool(prepare_chat, req, backend.tokenizer, backend.max_context)
+    else:
+        prepared = await run_in_threadpool(prepare_completion, req, backend.tokenizer, backend.max_context,
+                                           backend.vocab_size)
+    stream = service.submit(prepared)
+    fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage)
+    if prepared.stream:
+        return EventStreamResponse(_events(stream, fmt, prepared, service), stream.cancel, stream.cancel)
+    return await _collect(request, stream, fmt, prepared, service)
+
+
+async def _events(stream: RequestStream, fmt: Formatter, prepared: Prepared, service: Service):
+    if fmt.chat:
+        yield fmt.chunk(role=True)
+    if prepared.echo_text:
+        yield fmt.chunk(text=prepared.echo_text)
+    async for event in stream:
+        if event.text:
+            yield fmt.chunk(text=event.text)
+    reason = stream.finish_reason
+    if reason in ("stop", "length"):
+        yield fmt.chunk(finish=reason)
+    else:
+        yield error_event(_ended_error(stream, service))
+    if fmt.include_usage:
+        yield fmt.usage_chunk(stream.usage.prompt_tokens, stream.usage.completion_tokens)
+    yield DONE
+
+
+async def _collect(request: Request, stream: RequestStream, fmt: Formatter, prepared: Prepared, service: Service):
+    async def watch() -> None:
+        # After the body is read, receive() returns only when the client goes away.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        stream.cancel()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        text = "".join([event.text async for event in stream])
+    finally:
+        watcher.cancel()
+        stream.cancel()  # no-op once ended; frees the slot if this handler is torn down early
+    if stream.finish_reason not in ("stop", "length"):
+        raise _ended_error(stream, service)
+    text = (prepared.echo_text or "") + text
+    usage = stream.usage
+    return fmt.full(text, stream.finish_reason, usage.prompt_tokens, usage.completion_tokens)
+
+
+def _ended_error(stream: RequestStream, service: Service) -> APIError:
+    if stream.finish_reason == "cancelled":
+        why = "the server is shutting down" if service.draining else "the request was cancelled"
+        return APIError(503, f"{why}; the request did not complete", code="cancelled")
+    return APIError(500, f"generation failed: {stream.error or 'engine error'}", code="engine_error")

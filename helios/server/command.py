@@ -1,0 +1,115 @@
+"""`flare run`: its flags and the command. Every invalid value exits with status 2 and one line
+that names the flag."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+from helios.baselines import SCHEDULERS
+from helios.errors import ConfigError
+
+# ConfigError.field (from config, backend or core) -> the flag that sets it.
+_FLAGS = {
+    "scheduler_policy": "--scheduler-policy", "terminal_value": "--scheduler-terminal-value",
+    "terminal_age_price": "--scheduler-terminal-age-price",
+    "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha", "scheduler": "--scheduler",
+    "speculation": "--speculation", "speculative_token_capacity": "--speculative-token-capacity",
+    "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
+    "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
+    "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
+}
+
+
+def _number(kind, test, what):
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}") from None
+        if not test(value):
+            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = _number(int, lambda v: v > 0, "a positive integer")
+nonnegative_int = _number(int, lambda v: v >= 0, "a nonnegative integer")
+port_number = _number(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
+nonnegative_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite nonnegative number")
+positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number greater than zero")
+
+
+def add_arguments(run: argparse.ArgumentParser) -> None:
+    """The `flare run` flags (defaults: embedded SmolLM2, Helios balanced, 127.0.0.1:8000, 4 slots)."""
+    prog = run.prog
+
+    def error(message: str):  # argparse prints usage too; a one-line error is easier to read
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+    run.error = error
+    g = run.add_argument_group("model and engine")
+    g.add_argument("--model", metavar="PATH", help="a Llama-family GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--engine", choices=("torch", "sim"), default="torch",
+                   help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
+    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    g.add_argument("--slots", type=positive_int, default=4, help="request slots, at most 64 (default 4)")
+    g.add_argument("--prefill-capacity", type=positive_int, default=256,
+                   help="largest prefill chunk in tokens, a multiple of 64 (default 256); the chunks "
+                        "64, 256, 1024, ... below it are prepared too")
+    g.add_argument("--max-context", type=positive_int, default=1024,
+                   help="context tokens per request, prompt and output (default 1024)")
+    g.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default="off",
+                   help="speculative decoding with copy proposals (default off)")
+    g.add_argument("--speculative-token-capacity", type=positive_int, default=16,
+                   help="R: aggregate target rows of a speculative program (default 16)")
+    g = run.add_argument_group("scheduler")
+    g.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="helios", help="Helios or a baseline")
+    g.add_argument("--scheduler-policy", choices=("balanced", "throughput"), default="balanced")
+    g.add_argument("--scheduler-terminal-value", type=nonnegative_float, metavar="VALUE",
+                   help="value per terminal retirement (0 disables)")
+    g.add_argument("--scheduler-terminal-age-price", type=nonnegative_float, metavar="PRICE",
+                   help="terminal-wait cost coefficient (0 disables)")
+    g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
+                   help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
+    g = run.add_argument_group("HTTP")
+    g.add_argument("--host", default="127.0.0.1")
+    g.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
+    g.add_argument("--max-queue", type=nonnegative_int, default=32,
+                   help="requests admitted beyond the slots before answering 429 (default 32)")
+    g.add_argument("--max-body-bytes", type=positive_int, default=2 * 1024 * 1024)
+    g.add_argument("--shutdown-grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
+                   help="on SIGTERM, in-flight requests may finish for this long, then are cancelled")
+    g.add_argument("--sim-pace", type=nonnegative_float, default=1.0, help=argparse.SUPPRESS)
+    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
+    from helios.server import EngineOptions, ServerSettings, build_backend, serve
+
+    options = EngineOptions(
+        engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
+        terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
+        adaptive_verification_alpha=args.mtp_adaptive_verification_alpha, speculation=args.speculation,
+        speculative_token_capacity=args.speculative_token_capacity, slots=args.slots,
+        prefill_capacity=args.prefill_capacity, max_context=args.max_context, device=args.device,
+        sim_pace=args.sim_pace)
+    try:
+        backend = build_backend(options)
+    except ConfigError as exc:
+        flag = _FLAGS.get(exc.field)
+        detail = str(exc).split(": ", 1)[-1]
+        print(f"flare run: error: {flag}: {detail}" if flag else f"flare run: error: {exc}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as exc:
+        print(f"flare run: error: --model: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a model that does not load, a device that is not there
+        print(f"flare run: error: could not start the engine: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
+                              shutdown_grace_s=args.shutdown_grace)
+    return serve(backend, settings, args.host, args.port, log_level=args.log_level)

@@ -1,0 +1,125 @@
+"""OpenAI request schemas (pydantic) and the parsing that turns a raw body into one.
+
+Requests are validated strictly: unknown fields and wrong JSON types are rejected with a 400
+instead of being ignored or coerced (OpenAI's own API also rejects unrecognized arguments).
+Known OpenAI fields that this server cannot honour (n > 1, logprobs, penalties, tools, ...)
+are accepted by the schema only so that the translation step can reject them with a message
+that names the feature rather than a generic "extra field" error.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from helios.server.errors import APIError
+
+
+
+def _finite():
+    return Field(default=None, allow_inf_nan=False)  # JSON NaN/Infinity are rejected, not passed on
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    # Extra keys allowed: an image part carries image_url, and is rejected by type with a clear
+    # message in translation rather than by an opaque schema error.
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+
+class _Sampling(_Strict):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = _finite()
+    top_p: float | None = _finite()
+    top_k: int | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float | None = _finite()
+    frequency_penalty: float | None = _finite()
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+    logprobs: int | None = None
+
+
+class ChatCompletionRequest(_Sampling):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+
+def parse_body(model: type[BaseModel], raw: bytes):
+    """Validate a raw request body; every failure becomes a 400 in OpenAI's error shape."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise APIError(400, f"the request body is not valid UTF-8 (byte {exc.start})",
+                       code="invalid_encoding") from None
+    if not text.strip():
+        raise APIError(400, "the request body is empty; send a JSON object", code="invalid_json")
+    try:
+        return model.model_validate_json(text)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    # Report the first problem only, like OpenAI; a union field yields one error per branch,
+    # so the message for a wrong type lists what the field accepts.
+    errors = exc.errors(include_url=False)
+    first = errors[0]
+    loc = [p for p in first["loc"] if not _is_union_tag(p)]
+    param = ".".join(str(p) for p in loc) or None
+    kind = first["type"]
+    if kind == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {first['msg']}", code="invalid_json")
+    if kind == "model_type" and not loc:
+        return APIError(400, "the request body must be a JSON object", code="invalid_json")
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param=param,
+                        code="unknown_parameter")
+    if kind == "missing":
+        return APIError(400, f"Missing required parameter: '{param}'", param=param, code="missing_parameter")
+    same = [e for e in errors if [p for p in e["loc"] if not _is_union_tag(p)][:len(loc)] == loc]
+    msgs = sorted({e["msg"] for e in same})
+    detail = msgs[0] if len(msgs) == 1 else "; or ".join(msgs)
+    return APIError(400, f"Invalid value for '{param}': {detail}", param=param, code="invalid_value")
+
+
+def _is_union_tag(part) -> bool:
+    # pydantic inserts the branch name (e.g. 'str', 'list[int]') into the location of errors
+    # inside a union; clients only care about the field path.
+    return isinstance(part, str) and ("[" in part or part in ("str", "int", "float", "bool", "ContentPart"))

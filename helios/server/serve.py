@@ -1,0 +1,85 @@
+"""Running the app under uvicorn: the ready line, and SIGTERM/SIGINT as a bounded drain."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import threading
+
+import uvicorn
+
+from helios.server.app import ServerSettings, create_app
+from helios.server.backend import Backend
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server whose first signal drains the runtime before the listener closes.
+
+    uvicorn alone would close the listening socket at once and wait for open streams without
+    bound, then re-raise the signal (exit status 143). Here the first SIGTERM/SIGINT makes the
+    app answer 503, lets in-flight requests finish for the grace period, cancels the rest
+    (their slots and pages come back through the fence rules), and then exits with status 0.
+    A second signal exits at once.
+    """
+
+    def __init__(self, config: uvicorn.Config, service):
+        super().__init__(config)
+        self.service = service
+        self._draining = False
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        # serve() installs handle_exit for the whole run, before uvicorn starts; uvicorn's own
+        # capture would re-raise the signal on exit.
+        yield
+
+    def handle_exit(self, sig, frame) -> None:
+        if self._draining:
+            self.should_exit = self.force_exit = True
+            return
+        self._draining = True
+        self.service.draining = True
+        threading.Thread(target=self._drain, name="flare-drain", daemon=True).start()
+
+    def _drain(self) -> None:
+        try:
+            self.service.drain()
+        finally:
+            self.should_exit = True
+
+
+def serve(backend: Backend, settings: ServerSettings, host: str, port: int, *, log_level: str = "warning") -> int:
+    """Serve until SIGTERM/SIGINT; print one line when ready. Returns the exit status."""
+    app = create_app(backend, settings)
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
+                            timeout_graceful_shutdown=5, timeout_keep_alive=5)
+    server = _Server(config, app.state.service)
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, server.handle_exit) for sig in signals}
+    try:
+        return asyncio.run(_run(server, backend.model_id))
+    except KeyboardInterrupt:  # a signal before uvicorn installed its handlers
+        return 0
+    except SystemExit as exc:  # uvicorn exits this way when it cannot bind or start
+        print(f"flare run: error: the server could not start on {host}:{port}", file=sys.stderr)
+        return int(exc.code or 1) if isinstance(exc.code, int) else 1
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+async def _run(server: _Server, model_id: str) -> int:
+    task = asyncio.create_task(server.serve())
+    while not server.started and not task.done():
+        await asyncio.sleep(0.05)
+    if server.started:
+        host, port = server.servers[0].sockets[0].getsockname()[:2]
+        shown = f"[{host}]" if ":" in host else host
+        print(f"flare: serving {model_id} on http://{shown}:{port}", flush=True)
+    await task
+    if not server.started:
+        print("flare run: error: the server did not start (see the message above)", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,180 @@
+"""From a validated OpenAI request to what the runtime takes: prompt token ids and SamplingParams.
+
+Every option this server cannot honour is rejected here with a 400 that names the parameter;
+nothing is silently ignored except `name` on chat messages and `parallel_tool_calls`.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+
+from helios.engine.stream import SamplingParams
+from helios.server.errors import APIError
+from helios.server.schemas import ChatCompletionRequest, CompletionRequest
+
+MAX_STOPS = 4  # OpenAI's limit
+DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
+DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send temperature=0 for greedy decoding
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One request, ready for Runtime.submit."""
+
+    request_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+    echo_text: str | None = None
+
+
+def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, vocab_size: int) -> Prepared:
+    _common(req)
+    if req.best_of not in (None, 1):
+        raise APIError(400, "only best_of=1 is supported", param="best_of", code="unsupported_parameter")
+    if req.suffix is not None:
+        raise APIError(400, "suffix (insertion) is not supported", param="suffix", code="unsupported_parameter")
+    if req.logprobs is not None:
+        raise APIError(400, "logprobs are not supported by this server", param="logprobs",
+                       code="unsupported_parameter")
+    prompt = req.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+        if len(prompt) != 1:
+            raise APIError(400, f"batched prompts are not supported: send one prompt per request "
+                                f"(got {len(prompt)})", param="prompt", code="unsupported_parameter")
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        ids = tokenizer.encode(_text(prompt, "prompt"))
+        echo = prompt
+    else:
+        ids = list(prompt)
+        bad = next((t for t in ids if not 0 <= t < vocab_size), None)
+        if bad is not None:
+            raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})", param="prompt",
+                           code="invalid_value")
+        echo = tokenizer.decode(ids) if req.echo else None
+    if not ids:
+        raise APIError(400, "the prompt is empty", param="prompt", code="invalid_value")
+    max_tokens = _max_tokens(req.max_tokens, "max_tokens", len(ids), max_context, DEFAULT_COMPLETION_TOKENS,
+                             "prompt")
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    return Prepared(rid, ids, _params(req, max_tokens, rid), req.stream, _include_usage(req),
+                    echo if req.echo else None)
+
+
+def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int) -> Prepared:
+    _common(req)
+    if req.logprobs or req.top_logprobs:
+        param = "logprobs" if req.logprobs else "top_logprobs"
+        raise APIError(400, "logprobs are not supported by this server", param=param, code="unsupported_parameter")
+    if req.tools:
+        raise APIError(400, "tools (function calling) are not supported", param="tools",
+                       code="unsupported_parameter")
+    if req.tool_choice not in (None, "none"):
+        raise APIError(400, "tool_choice is not supported", param="tool_choice", code="unsupported_parameter")
+    if req.response_format is not None and req.response_format != {"type": "text"}:
+        raise APIError(400, "only response_format {\"type\": \"text\"} is supported", param="response_format",
+                       code="unsupported_parameter")
+    if not req.messages:
+        raise APIError(400, "messages must contain at least one message", param="messages", code="invalid_value")
+    messages = []
+    for i, m in enumerate(req.messages):
+        if isinstance(m.content, str):
+            content = _text(m.content, f"messages.{i}.content")
+        else:
+            parts = []
+            for j, part in enumerate(m.content):
+                if part.type != "text" or part.text is None:
+                    raise APIError(400, f"content part type {part.type!r} is not supported: this model takes "
+                                        f"text parts only", param=f"messages.{i}.content.{j}",
+                                   code="unsupported_content")
+                parts.append(_text(part.text, f"messages.{i}.content.{j}.text"))
+            content = "\n".join(parts)
+        # "developer" is OpenAI's newer name for the system role.
+        messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    try:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    except Exception as exc:  # the model's jinja template may refuse a conversation
+        raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
+                       code="invalid_value") from None
+    ids = tokenizer.encode(text)
+    limit, param = req.max_completion_tokens, "max_completion_tokens"
+    if limit is None:
+        limit, param = req.max_tokens, "max_tokens"
+    max_tokens = _max_tokens(limit, param, len(ids), max_context, None, "messages")
+    rid = f"chatcmpl-{uuid.uuid4().hex}"
+    return Prepared(rid, ids, _params(req, max_tokens, rid), req.stream, _include_usage(req))
+
+
+def _common(req) -> None:
+    if req.n not in (None, 1):
+        raise APIError(400, f"only n=1 is supported (got n={req.n})", param="n", code="unsupported_parameter")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name) not in (None, 0):
+            raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
+    if req.logit_bias:
+        raise APIError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
+    if req.stream_options is not None and not req.stream:
+        raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options",
+                       code="invalid_value")
+    checks = (("temperature", req.temperature, 0.0, 2.0), ("top_p", req.top_p, 0.0, 1.0))
+    for name, v, low, high in checks:
+        if v is not None and not low <= v <= high:
+            raise APIError(400, f"{name} must be between {low:g} and {high:g}, got {v!r}", param=name,
+                           code="invalid_value")
+    if req.top_k is not None and req.top_k < -1:
+        raise APIError(400, f"top_k must be -1 (disabled), 0 (disabled) or positive, got {req.top_k}",
+                       param="top_k", code="invalid_value")
+    if req.seed is not None and not 0 <= req.seed < 2**63:
+        raise APIError(400, f"seed must be in [0, 2**63), got {req.seed}", param="seed", code="invalid_value")
+    stops = [req.stop] if isinstance(req.stop, str) else (req.stop or [])
+    if len(stops) > MAX_STOPS:
+        raise APIError(400, f"at most {MAX_STOPS} stop sequences are allowed, got {len(stops)}", param="stop",
+                       code="invalid_value")
+    for s in stops:
+        if not _text(s, "stop"):
+            raise APIError(400, "stop sequences must be nonempty strings", param="stop", code="invalid_value")
+
+
+def _text(s: str, param: str) -> str:
+    # JSON may carry lone surrogates (\ud800) that no tokenizer can encode.
+    try:
+        s.encode("utf-8")
+    except UnicodeEncodeError:
+        raise APIError(400, f"'{param}' is not valid Unicode (it contains a lone surrogate)", param=param,
+                       code="invalid_encoding") from None
+    return s
+
+
+def _max_tokens(value: int | None, param: str, prompt: int, max_context: int, default: int | None,
+                prompt_param: str) -> int:
+    room = max_context - prompt
+    if room < 1:
+        raise APIError(400, f"This model's maximum context length is {max_context} tokens; the prompt has "
+                            f"{prompt} tokens and leaves no room for output", param=prompt_param,
+                       code="context_length_exceeded")
+    if value is None:
+        return room if default is None else min(default, room)
+    if value < 1:
+        raise APIError(400, f"{param} must be at least 1, got {value}", param=param, code="invalid_value")
+    if value > room:
+        raise APIError(400, f"This model's maximum context length is {max_context} tokens. However, you "
+                            f"requested {prompt + value} tokens ({prompt} in the prompt, {value} in the "
+                            f"completion). Please reduce the prompt or {param}.", param=param,
+                       code="context_length_exceeded")
+    return value
+
+
+def _include_usage(req) -> bool:
+    return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def _params(req, max_tokens: int, request_id: str) -> SamplingParams:
+    stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
+    return SamplingParams(
+        max_tokens=max_tokens, stop=stops,
+        temperature=DEFAULT_TEMPERATURE if req.temperature is None else float(req.temperature),
+        top_p=None if req.top_p is None else float(req.top_p),
+        top_k=req.top_k, seed=req.seed, client=req.user or "default", request_id=request_id)

@@ -1,0 +1,120 @@
+"""Helpers for the server tests: `flare run` subprocesses, metrics parsing, SSE parsing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class FlareServer:
+    """`flare run ARGS` on a free loopback port; waits for its ready line and /health."""
+
+    def __init__(self, *args: str, start_timeout: float = 180.0):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.stderr = tempfile.TemporaryFile(mode="w+")
+        cmd = [sys.executable, "-m", "helios.cli", "run", "--port", str(self.port), *args]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True,
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.ready_line = self._wait_ready(start_timeout)
+
+    def _wait_ready(self, timeout: float) -> str | None:
+        box: list[str] = []
+        reader = threading.Thread(target=lambda: box.append(self.proc.stdout.readline()), daemon=True)
+        reader.start()
+        reader.join(timeout)
+        line = box[0].strip() if box else None
+        if not line:
+            return None  # exited (see exit_code/error_text) or timed out
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/health", timeout=5).status_code == 200:
+                    return line
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        return None
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.proc.poll()
+
+    def error_text(self) -> str:
+        self.stderr.seek(0)
+        return self.stderr.read()
+
+    def stop(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait; returns the exit status (kills it on timeout)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+def metrics(url: str) -> dict[tuple, float]:
+    """{(sample name, ((label, value), ...)): value} from /metrics."""
+    text = httpx.get(url + "/metrics", timeout=10).text
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(snapshot: dict, name: str, **labels) -> float:
+    return snapshot.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+def graph_counts(snapshot: dict) -> dict[str, float]:
+    return {dict(labels)["shape"]: v for (name, labels), v in snapshot.items() if name == "flare_graph_executions_total"}
+
+
+def graph_delta(before: dict, after: dict) -> dict[str, int]:
+    a, b = graph_counts(before), graph_counts(after)
+    return {k: int(b[k] - a.get(k, 0)) for k in sorted(b) if b[k] - a.get(k, 0)}
+
+
+def wait_resources_free(url: str, timeout: float = 30.0) -> dict:
+    """Poll /metrics until no request is live and every slot and page is free."""
+    deadline = time.monotonic() + timeout
+    while True:
+        snap = metrics(url)
+        idle = (value(snap, "flare_requests_running") == 0 and value(snap, "flare_requests_waiting") == 0
+                and value(snap, "flare_request_slots_free") == value(snap, "flare_request_slots")
+                and value(snap, "flare_kv_pages_free") == value(snap, "flare_kv_pages"))
+        if idle or time.monotonic() > deadline:
+            return snap
+        time.sleep(0.1)
+
+
+def sse_events(body: str) -> list:
+    """The data payloads of an SSE body: parsed JSON objects, and "[DONE]" as a string."""
+    events = []
+    for block in body.split("\n\n"):
+        if not block.strip():
+            continue
+        assert block.startswith("data: "), f"not an SSE data event: {block!r}"
+        data = block[len("data: "):]
+        events.append(data if data == "[DONE]" else json.loads(data))
+    return events
