@@ -106,12 +106,13 @@ class BaselineScheduler(Scheduler):
         extra = self._on_commit(plan)
         extra.setdefault("scheduler", self.name)
         extra.setdefault("tokens", sum(max(l.prompt_tokens, l.output_rows) for l in plan.lanes))
+        extra.setdefault("prompt_tokens", sum(l.prompt_tokens for l in plan.lanes))
         self.traces[-1].extra.update(extra)
 
     # ---- request views (arrival order: handles grow with admission) ------------------
     def _live(self) -> list[Request]:
-        return sorted((r for r in self.requests.values() if r.phase is not Phase.DONE),
-                      key=lambda r: r.handle)
+        # `requests` is filled in admission order and never reordered: arrival order.
+        return [r for r in self.requests.values() if r.phase is not Phase.DONE]
 
     def running_decodes(self) -> list[Request]:
         return [r for r in self._live() if r.phase is Phase.DECODE and r.output_left > 0

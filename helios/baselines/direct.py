@@ -30,8 +30,7 @@ from helios.config import PolicyConfig, SchedulerConfig
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.cost import CostState
-from helios.scheduler.plan import ScheduledPlan, SelectionReason
-from helios.scheduler.planning import build_view
+from helios.scheduler.plan import ScheduledPlan
 from helios.scheduler.policy import best, decode_candidates
 from helios.scheduler.requests import Phase
 
@@ -138,24 +137,12 @@ class DirectScheduler(BaselineScheduler):
         return decode
 
     def _decode_round(self, now: int) -> ScheduledPlan | None:
-        """Helios's decode selection (policy.decode_candidates over planning.build_view)."""
-        live = [r for r in self.requests.values() if r.phase is not Phase.DONE]
-        if not live:
+        """Helios's decode selection (policy.decode_candidates over the planning view)."""
+        view = self._view()
+        if view is None:
             return None
-        start = self.queue.expected_end_ns(now)
-        view = build_view(live, self.queue, self.policy, self.coeff, self._decode_costs(), self.resources,
-                          start, self.config.max_context, self.config.selection_slots)
         winner = best(decode_candidates(self._decode_shapes, self._cost_lookup(now), view.decode, view.waiting))
-        if winner is None:
-            return None
-        lanes = tuple(self._lane(view.decode_reqs[i], int(i), 0, winner, view) for i in winner.members)
-        requires_feedback = winner.cost_state is not CostState.FRESH or any(l.needs_feedback for l in lanes)
-        if len(self.queue) and requires_feedback:
-            return None
-        est = None if winner.t_ms is None else int(round(winner.t_ms * 1e6))
-        reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
-        return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
-                             requires_feedback, False, now, start, self.queue.fences())
+        return self._plan_from(winner, view)
 
     def _on_commit(self, plan: ScheduledPlan) -> dict:
         self._last_decode = plan.shape.kind is GraphKind.DECODE

@@ -4,11 +4,12 @@ Paper: W. Kwon et al., "Efficient Memory Management for Large Language Model Ser
 PagedAttention", SOSP 2023. Code: github.com/vllm-project/vllm, `vllm/v1/core/sched/scheduler.py`
 (`Scheduler.schedule`), whose rules this class reproduces on our catalog:
 
-- One step has a token budget, `max_num_batched_tokens` (here `token_budget`, default 2048,
-  the V1 default for online serving). The RUNNING requests are scheduled first, each for the
-  tokens it still needs, while budget remains; then WAITING requests in FCFS order, each
-  getting min(prompt left, budget left) tokens (chunked prefill), until the budget or
-  `max_num_seqs` runs out. A waiting request that cannot be allocated stops the scan: the
+- One step has a token budget, `max_num_batched_tokens` (here `token_budget`, default 2048:
+  V1's OpenAI-server default on A100-class GPUs, 8192 on H100-class ones; see
+  `EngineArgs.get_batch_defaults` in `vllm/engine/arg_utils.py`). The RUNNING requests are
+  scheduled first, each for the tokens it still needs, while budget remains; then WAITING
+  requests in FCFS order, each getting min(prompt left, budget left) tokens (chunked
+  prefill), until the budget or `max_num_seqs` runs out. A waiting request that cannot be allocated stops the scan: the
   queue head blocks everything behind it, so service starts in arrival order.
 - `max_num_seqs` may not exceed `max_num_batched_tokens` (V1 checks this at start-up); here it
   is the largest captured decode bucket, capped by the request slots and the budget.

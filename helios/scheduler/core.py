@@ -13,10 +13,10 @@ from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.plan import (
-    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, Lane, PlanTrace,
+    ExecutionTiming, Fence, FinishReason, GeneratedToken, Lane, PlanTrace,
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
-from helios.scheduler.planning import build_view
+from helios.scheduler.planning import PlanningView, build_view
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
 from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
@@ -124,18 +124,10 @@ class Scheduler:
 
     # ---- planning ----------------------------------------------------------------------
     def plan(self) -> ScheduledPlan | None:
-        now = self.now_ns
-        if not self.queue.accepts_more(now):
+        view = self._view()
+        if view is None:
             return None
-        start = self.queue.expected_end_ns(now)
-        live = [r for r in self.requests.values() if r.phase is not Phase.DONE]
-        if not live:
-            return None
-        decode_costs = self._decode_costs()
-        view = build_view(live, self.queue, self.policy, self.coeff, decode_costs, self.resources,
-                          start, self.config.max_context, self.config.selection_slots,
-                          (self.speculation, self.source) if self._spec_shapes else None)
-        costs = self._cost_lookup(now)
+        costs = self._cost_lookup(self.now_ns)
         candidates = decode_candidates(self._decode_shapes, costs, view.decode, view.waiting)
         if self._spec_shapes:
             # Device allocation needs the program's causal confidence; copy proposals have none,
@@ -145,7 +137,21 @@ class Scheduler:
         budget = Budget(self.resources.free_slots, self.resources.free_pages)
         for kind, (pool, _) in view.prefill.items():
             candidates += prefill_candidates(self._prefill_shapes[kind], costs, pool, view.waiting, budget)
-        winner = best(candidates)
+        return self._plan_from(best(candidates), view)
+
+    def _view(self) -> PlanningView | None:
+        """Live requests projected to the queue's expected end, or None when nothing can queue."""
+        if not self.queue.accepts_more(self.now_ns):
+            return None
+        live = [r for r in self.requests.values() if r.phase is not Phase.DONE]
+        if not live:
+            return None
+        return build_view(live, self.queue, self.policy, self.coeff, self._decode_costs(), self.resources,
+                          self.queue.expected_end_ns(self.now_ns), self.config.max_context,
+                          self.config.selection_slots, (self.speculation, self.source) if self._spec_shapes else None)
+
+    def _plan_from(self, winner, view: PlanningView) -> ScheduledPlan | None:
+        """Freeze the winning candidate into a plan, or None while it needs an empty window."""
         if winner is None:
             return None
         if winner.shape.kind is GraphKind.SPECULATIVE:
@@ -162,8 +168,8 @@ class Scheduler:
         est = None if winner.t_ms is None else int(round(winner.t_ms * 1e6))
         reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
         return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
-                             requires_feedback, winner.cost_state is CostState.STALE, now, start,
-                             self.queue.fences(), winner.device)
+                             requires_feedback, winner.cost_state is CostState.STALE, self.now_ns,
+                             self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device)
 
     def _decode_costs(self) -> list[tuple[int, float]]:
         # Every delivery-bearing family: one visible burst per lane, whatever its width.

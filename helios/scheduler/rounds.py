@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from helios.scheduler.cost import CostState
 from helios.scheduler.policy import Candidate, LanePool, finish_candidate
 
 

@@ -1,6 +1,5 @@
 """The spec's policy scenarios for ordinary work ("Verification": policy_tests)."""
 
-import math
 
 import pytest
 
@@ -8,7 +7,7 @@ from helios.config import PolicyConfig, SchedulerConfig
 from helios.graphs import GraphKind
 from helios.scheduler.cost import CostState
 
-from conftest import MS, Driver, FixedCosts, decode, make, prefill, spec, step
+from conftest import MS, Driver, FixedCosts, decode, make, prefill, spec
 
 # A measured synthetic catalog shaped like a ~7B model on one modern GPU.
 CATALOG = {

@@ -7,7 +7,7 @@ from helios.errors import InvalidCompletion, QueueFull, StalePlan
 from helios.graphs import GraphKind
 from helios.scheduler import ExecutionTiming
 
-from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for, spec, step
+from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for, spec
 
 TABLE = {decode(1): 8.0, decode(2): 8.5, decode(4): 9.0, prefill(64): 6.0, prefill(64, 4): 9.0,
          prefill(1024): 30.0}
