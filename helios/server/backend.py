@@ -79,11 +79,6 @@ def build_backend(options: EngineOptions) -> Backend:
         speculation = SpeculationMode(options.speculation)
     except ValueError:
         raise ConfigError("speculation", f"choose off, fixed or adaptive, got {options.speculation!r}") from None
-    if speculation is SpeculationMode.ADAPTIVE:
-        # Adaptive rounds are device-allocated and must complete through complete_packed_round
-        # with a confidence sidecar; neither TorchCore's copy proposals nor the runtime offer that yet.
-        raise ConfigError("speculation", "adaptive speculation needs device confidence allocation, "
-                                         "which this build does not provide; use off or fixed")
     if options.slots > 64:
         raise ConfigError("slots", "selection is bounded to 64 request slots")
     chunks = prefill_chunks(options.prefill_capacity)
@@ -136,8 +131,9 @@ def _torch_backend(options, policy, speculation, chunks) -> Backend:
 def _sim_backend(options, policy, speculation, chunks) -> Backend:
     catalog = ordinary_catalog(max_batch=options.slots, prefill_chunks=chunks)
     if speculation is not SpeculationMode.OFF:
+        # Adaptive sim rounds include ragged programs, so the device-allocation path is served too.
         catalog = with_speculation(catalog, options.slots, (1, 2, 4), options.speculative_token_capacity,
-                                   ragged=False)
+                                   ragged=speculation is SpeculationMode.ADAPTIVE)
     depth = max((s.proposal_depth for s in catalog.of_kind(GraphKind.SPECULATIVE)), default=0)
     config = SchedulerConfig(request_slots=options.slots, max_context=options.max_context,
                              speculation=speculation, draft_capacity=depth or 8,

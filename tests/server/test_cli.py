@@ -24,7 +24,6 @@ from .support import FlareServer, value, wait_resources_free
     (["--scheduler-terminal-age-price", "nan"], "--scheduler-terminal-age-price"),
     (["--mtp-adaptive-verification-alpha", "0"], "--mtp-adaptive-verification-alpha"),
     (["--speculation", "sometimes"], "--speculation"),
-    (["--speculation", "adaptive", "--engine", "sim"], "--speculation"),
     (["--speculative-token-capacity", "0"], "--speculative-token-capacity"),
     (["--prefill-capacity", "100", "--engine", "sim"], "--prefill-capacity"),
     (["--prefill-capacity", "4096", "--max-context", "1024", "--engine", "sim"], "--prefill-capacity"),

@@ -212,10 +212,15 @@ class LlamaModel(nn.Module):
         only compute logits at that index of each row (returns ``[B, 1, V]``).
         """
         B, L = tokens.shape
-        top = int(positions.max()) + 1  # keys needed: positions 0 .. top - 1
+        # Reading positions.max() synchronizes with the host, which CUDA graph capture forbids:
+        # a caller that passes kv_window (prepared graphs) takes responsibility for covering it.
+        top = None
         if kv_window is None:
+            top = int(positions.max()) + 1  # keys needed: positions 0 .. top - 1
             kv_window = min(-(-top // KV_WINDOW_QUANTUM) * KV_WINDOW_QUANTUM, cache.max_context)
-        if not top <= kv_window <= cache.max_context:
+        elif not positions.is_cuda:
+            top = int(positions.max()) + 1
+        if top is not None and not top <= kv_window <= cache.max_context:
             raise ValueError(f"kv_window={kv_window} must cover positions < {top} and fit "
                              f"max_context={cache.max_context}")
         G = self.config.n_heads // self.config.n_kv_heads

@@ -1,0 +1,135 @@
+"""Per-row token sampling for TorchCore: greedy by default, temperature / top-k / top-p, one
+seeded torch.Generator per request, row sampling masks, and the lossless acceptance rule for
+verifying deterministic (copied) drafts.
+
+Each request draws only from its own generator, so its tokens do not depend on which other
+requests share the batch. Sampling runs on the CPU in float32 whatever the model's device.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from helios.errors import InvalidRequest
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingOptions:
+    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @classmethod
+    def of(cls, temperature=None, top_p=None, top_k=None, seed=None) -> SamplingOptions:
+        """Validate attach() options; None means the default (greedy, no filters, random seed)."""
+        def number(name, v, low, high):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or not low <= v <= high:
+                raise InvalidRequest(f"{name} must be a number in [{low}, {high}], got {v!r}")
+            return float(v)
+
+        t = 0.0 if temperature is None else number("temperature", temperature, 0.0, 1e4)
+        p = 1.0 if top_p is None else number("top_p", top_p, 0.0, 1.0)
+        for name, v in (("top_k", top_k), ("seed", seed)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+                raise InvalidRequest(f"{name} must be an integer, got {v!r}")
+        if seed is not None and not 0 <= seed < 2**63:
+            raise InvalidRequest(f"seed must be in [0, 2**63), got {seed!r}")
+        # top_k <= 0 disables the filter (OpenAI-style -1 included).
+        return cls(t, p, max(0, top_k or 0), seed)
+
+    def generator(self) -> torch.Generator:
+        """This request's CPU generator, seeded from `seed` (a random seed when absent)."""
+        g = torch.Generator()
+        g.manual_seed(self.seed if self.seed is not None else secrets.randbits(63))
+        return g
+
+
+def probabilities(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:
+    """The target distribution p for one row of logits [V]: temperature, top-k, then top-p
+    (nucleus: the smallest set of most likely tokens whose mass reaches top_p; never empty)."""
+    x = logits.detach().float().cpu()
+    if options.greedy:  # a point mass on the argmax (ties: the lowest id, like argmax)
+        p = torch.zeros_like(x)
+        p[int(x.argmax())] = 1.0
+        return p
+    x = x / options.temperature
+    if 0 < options.top_k < x.numel():
+        kth = torch.topk(x, options.top_k).values[-1]
+        x = x.masked_fill(x < kth, -math.inf)
+    if options.top_p < 1.0:
+        sorted_x, order = torch.sort(x, descending=True)
+        mass = torch.softmax(sorted_x, dim=-1)
+        before = torch.cumsum(mass, dim=-1) - mass  # mass strictly above each token
+        drop = before >= options.top_p
+        drop[0] = False  # the most likely token always stays
+        x = x.scatter(0, order, sorted_x.masked_fill(drop, -math.inf))
+    return torch.softmax(x, dim=-1)
+
+
+def draw(p: torch.Tensor, generator: torch.Generator) -> int:
+    """One token from distribution p [V] with the request's generator."""
+    return int(torch.multinomial(p, 1, generator=generator))
+
+
+def sample_rows(logits: torch.Tensor, options: Sequence[SamplingOptions | None],
+                generators: Sequence[torch.Generator | None], mask: Sequence[bool]) -> list[int | None]:
+    """Sample one token per row of logits [B, V]; rows whose mask is False (padding, prompt
+    chunks that do not finish) are not sampled and give None. Greedy rows share one argmax."""
+    out: list[int | None] = [None] * logits.shape[0]
+    greedy = [b for b, m in enumerate(mask) if m and (options[b] is None or options[b].greedy)]
+    if greedy:
+        idx = torch.tensor(greedy, device=logits.device)
+        for b, t in zip(greedy, logits.index_select(0, idx).argmax(-1).tolist()):
+            out[b] = int(t)
+    for b, m in enumerate(mask):
+        if m and out[b] is None:
+            out[b] = draw(probabilities(logits[b], options[b]), generators[b])
+    return out
+
+
+def verify_greedy(targets: Sequence[int], drafts: Sequence[int]) -> list[int]:
+    """Greedy verification: `targets[i]` is the argmax after the pending token and i drafts.
+    Accept drafts while they equal the argmax; then emit the argmax at the first mismatch
+    (the replacement) or after the last draft (the bonus)."""
+    out = []
+    for i, d in enumerate(drafts):
+        if d != targets[i]:
+            break
+        out.append(d)
+    out.append(int(targets[len(out)]))
+    return out
+
+
+def verify_sampled(logits: torch.Tensor, drafts: Sequence[int], options: SamplingOptions,
+                   generator: torch.Generator) -> list[int]:
+    """Lossless verification of deterministic drafts against logits [len(drafts) + 1, V].
+
+    The draft distribution q is a point mass on draft t, so the speculative-sampling rule
+    min(1, p(t)/q(t)) accepts t with probability p(t); on rejection the residual
+    max(0, p - q) is p with t removed, renormalized. Every emitted token is then distributed
+    exactly as ordinary sampling from p would give it.
+    """
+    out = []
+    for i, d in enumerate(drafts):
+        p = probabilities(logits[i], options)
+        if float(torch.rand((), generator=generator)) < float(p[d]):
+            out.append(int(d))
+            continue
+        p[d] = 0.0  # rejected: p(d) < 1 here, so the residual has positive mass
+        out.append(draw(p / p.sum(), generator))
+        return out
+    out.append(draw(probabilities(logits[len(drafts)], options), generator))
+    return out

@@ -1,0 +1,237 @@
+"""TorchCore: the real model behind the scheduler.
+
+It loads a Llama-family GGUF (SmolLM2-135M-Instruct by default) through helios.engine.model,
+prepares one static-shape graph per catalog shape (torch_graphs), keeps each request's state
+(prompt, sampling options and generator, pending token, committed length; torch_state), and
+executes plans: prefill chunks, ordinary decode, and complete speculative rounds with copy
+proposals verified losslessly (sampling, proposals).
+
+Speculative KV invariant: a round writes K/V for the pending token and every draft. Only the
+pending token and the accepted drafts become valid (kv_len advances past them); the entries of
+rejected drafts sit at positions >= the new kv_len. The next execution of that request writes
+its own tokens from position kv_len on before any of its queries attends there, and queries
+attend only to positions <= their own, so stale entries are never read.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from helios.config import SchedulerConfig, SpeculationMode
+from helios.engine.core import Execution
+from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, load_weights
+from helios.engine.proposals import copy_proposals
+from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, verify_sampled
+from helios.engine.torch_graphs import Packing, PreparedGraph, RowWork
+from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, validate_plan
+from helios.errors import ConfigError, InvalidRequest
+from helios.graphs import Catalog, GraphKind, ordinary_catalog
+from helios.prepare.speculative import with_speculation
+from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
+
+__all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
+
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedModel:
+    """Config, model and tokenizer of one checkpoint; several cores may share one."""
+
+    config: ModelConfig
+    model: LlamaModel
+    tokenizer: Tokenizer
+    device: torch.device
+
+
+def load_model(model_path=None, device: str | torch.device = "cpu") -> LoadedModel:
+    """Load a Llama-family GGUF (default: the bundled SmolLM2) onto `device` in float32."""
+    device = torch.device(device)
+    config, weights = load_weights(model_path)
+    # oneDNN-packed weights are a CPU layout; CUDA uses plain ones.
+    model = LlamaModel(config, weights, pack_weights=device.type == "cpu").to(device).eval()
+    del weights
+    return LoadedModel(config, model, Tokenizer.from_gguf(model_path), device)
+
+
+class TorchCore:
+    """A Core (helios.engine.core) running a real model with static-shape prepared graphs."""
+
+    def __init__(self, model_path=None, *, request_slots: int = 4, max_context: int = 1024,
+                 prefill_chunks: Sequence[int] = (64, 256), max_batch: int = 4,
+                 speculation: SpeculationMode | str = SpeculationMode.OFF,
+                 widths: Sequence[int] = (1, 2, 4), speculative_token_capacity: int = 16,
+                 num_threads: int | None = None, device: str | torch.device = "cpu",
+                 loaded: LoadedModel | None = None):
+        speculation = SpeculationMode(speculation)
+        if request_slots < 1 or max_batch < 1:
+            raise ConfigError("request_slots", "request_slots and max_batch must be positive")
+        if num_threads is not None:
+            torch.set_num_threads(num_threads)
+        self.loaded = loaded or load_model(model_path, device)
+        self.device = self.loaded.device
+        self.config, self.model, self.tokenizer = self.loaded.config, self.loaded.model, self.loaded.tokenizer
+        self.speculation = speculation
+        catalog = ordinary_catalog(max_batch, prefill_chunks)
+        if speculation is not SpeculationMode.OFF:
+            # Fixed speculation verifies one width; adaptive lets every prepared width compete.
+            # Copy proposals carry no device confidence, so both allocate rows on the host.
+            chosen = (max(widths),) if speculation is SpeculationMode.FIXED else tuple(widths)
+            catalog = with_speculation(catalog, max_batch, chosen, speculative_token_capacity, ragged=False)
+        self.catalog: Catalog = catalog
+        # A row's padded tail runs up to (graph length - 1) positions past its real tokens, so
+        # the cache keeps that margin beyond the usable context.
+        margin = max(s.token_capacity for s in catalog) - 1
+        self.max_context = min(max_context, self.config.max_context - margin)
+        if self.max_context < 2:
+            raise ConfigError("max_context", f"leaves no usable context next to a {margin}-token margin")
+        with torch.device(self.device):
+            self.cache = KVCache(self.config, request_slots, self.max_context + margin)
+        self.request_slots = request_slots
+        self.graphs = {s: PreparedGraph(s, self.cache.scratch_slot, self.device) for s in catalog}
+        self.captured = self.device.type == "cuda" and all(
+            [g.capture(self.model, self.cache) for g in self.graphs.values()])
+        self.requests: dict[RequestHandle, CoreRequest] = {}
+        self._free_slots = list(range(request_slots - 1, -1, -1))  # pop() gives slot 0 first
+        self.last_packing: Packing | None = None
+
+    def scheduler_config(self, **overrides) -> SchedulerConfig:
+        """A SchedulerConfig that matches this core's slots, context and speculation."""
+        spec = [s.proposal_depth for s in self.catalog.of_kind(GraphKind.SPECULATIVE)]
+        fields = dict(request_slots=self.request_slots, max_context=self.max_context,
+                      speculation=self.speculation, copy_proposals=bool(spec),
+                      draft_capacity=max(spec, default=0) or 8)
+        return SchedulerConfig(**{**fields, **overrides})
+
+    def warmup(self, repeats: int = 2) -> dict:
+        """Run every prepared graph `repeats` times on padding rows only (the scratch slot: no
+        request state changes) and return each shape's fastest interval in ns, which a caller
+        may hand to a scheduler's cost table (`scheduler.costs.observe(shape, ns, now)`)."""
+        timings = {}
+        for shape, graph in self.graphs.items():
+            samples = []
+            for _ in range(repeats):
+                timer = _Timer(self.device)
+                graph.pack(())
+                with torch.inference_mode():
+                    logits = graph.forward(self.model, self.cache)
+                    logits[:, -1].argmax(-1).tolist()
+                samples.append(timer.stop())
+            timings[shape] = min(samples)
+        return timings
+
+    # ---- requests ------------------------------------------------------------------------------
+    def attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
+        unknown = set(options) - set(SAMPLING_OPTIONS)
+        if unknown:
+            raise InvalidRequest(f"unknown TorchCore options {sorted(unknown)}; "
+                                 f"it takes {', '.join(SAMPLING_OPTIONS)}")
+        if handle in self.requests:
+            raise InvalidRequest(f"request {handle} is already attached")
+        if isinstance(prompt, (int, str, bytes)) or not len(prompt):
+            raise InvalidRequest("TorchCore needs the prompt's token ids (a nonempty sequence)")
+        ids = tuple(int(t) for t in prompt)
+        if any(not 0 <= t < self.config.vocab_size for t in ids):
+            raise InvalidRequest(f"prompt token ids must lie in [0, {self.config.vocab_size})")
+        if len(ids) >= self.max_context:
+            raise InvalidRequest(f"a {len(ids)}-token prompt leaves no room in a "
+                                 f"{self.max_context}-token context")
+        sampling = SamplingOptions.of(**options)
+        self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator())
+
+    def detach(self, handle: RequestHandle) -> None:
+        """Drop a request's state and free its slot (call once no queued frame can name it)."""
+        r = self.requests.pop(handle, None)
+        if r is not None and r.slot is not None:
+            self._free_slots.append(r.slot)
+
+    # ---- execution -----------------------------------------------------------------------------
+    def execute(self, plan: ScheduledPlan, fence: Fence) -> Execution:
+        works = validate_plan(plan, self.requests, self._free_slots, self.catalog, self.max_context)
+        graph = self.graphs[plan.shape]
+        timer = _Timer(self.device)
+        kind = plan.shape.kind
+        if kind is GraphKind.SPECULATIVE:
+            # Proposal work belongs to the complete program's measured interval.
+            drafts = [copy_proposals(w.request.context(), w.lane.output_rows - 1) for w in works]
+            rows = [RowWork(w.slot, (w.request.pending, *d), w.request.kv_len, True)
+                    for w, d in zip(works, drafts)]
+        elif kind.is_prefill:
+            rows = [RowWork(w.slot, w.request.prompt[w.lane.prompt_start: w.lane.prompt_start
+                                                     + w.lane.prompt_tokens],
+                            w.lane.prompt_start, w.finishes_prompt) for w in works]
+        else:
+            rows = [RowWork(w.slot, (w.request.pending,), w.request.kv_len, True) for w in works]
+        packing = graph.pack(rows)
+        with torch.inference_mode():
+            logits = graph.forward(self.model, self.cache)
+            if kind is GraphKind.SPECULATIVE:
+                outputs = self._verify(works, drafts, logits)
+            else:
+                outputs = self._sample(works, logits[:, -1], packing)
+        duration = timer.stop()
+        self.last_packing = packing
+        offered = [len(d) for d in drafts] if kind is GraphKind.SPECULATIVE else [None] * len(works)
+        records = tuple(self._commit(w, out, kind, k) for w, out, k in zip(works, outputs, offered))
+        return Execution(records, ExecutionTiming((duration,), None, None), duration)
+
+    def _sample(self, works: list[LaneWork], logits: torch.Tensor, packing: Packing) -> list[list[int]]:
+        n = len(works)
+        opts = [w.request.options for w in works] + [None] * (logits.shape[0] - n)
+        gens = [w.request.generator for w in works] + [None] * (logits.shape[0] - n)
+        tokens = sample_rows(logits, opts, gens, packing.sample_mask)
+        return [[] if t is None else [t] for t in tokens[:n]]
+
+    def _verify(self, works: list[LaneWork], drafts: list[list[int]], logits: torch.Tensor) -> list[list[int]]:
+        targets = logits.argmax(-1).tolist()  # [B, W]: greedy rows need only these
+        out = []
+        for b, (w, d) in enumerate(zip(works, drafts)):
+            opts = w.request.options
+            if opts.greedy:
+                out.append(verify_greedy(targets[b], d))
+            else:
+                out.append(verify_sampled(logits[b, : len(d) + 1], d, opts, w.request.generator))
+        return out
+
+    def _commit(self, w: LaneWork, tokens: list[int], kind: GraphKind, offered: int | None) -> CompletionRecord:
+        """Advance the request's state by what the execution produced; build its record."""
+        r, lane = w.request, w.lane
+        if w.new_slot:
+            self._free_slots.remove(w.slot)
+            r.slot = w.slot
+        if lane.slot is not None:
+            r.scheduler_slot = lane.slot
+        eos = self.tokenizer.eos_id
+        if eos in tokens:
+            tokens = tokens[: tokens.index(eos) + 1]  # nothing after EOS is output
+        if kind.is_prefill:
+            r.kv_len += lane.prompt_tokens
+        else:
+            r.kv_len += len(tokens)  # the old pending token and the accepted drafts
+        r.generated.extend(tokens)
+        return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens),
+                                bool(tokens) and tokens[-1] == eos, offered)
+
+
+class _Timer:
+    """The execution's device interval: perf_counter_ns on the CPU, CUDA events on a GPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:  # pragma: no cover - needs a GPU
+            self.start_event = torch.cuda.Event(enable_timing=True)
+            self.end_event = torch.cuda.Event(enable_timing=True)
+            self.start_event.record()
+        else:
+            self.start_ns = time.perf_counter_ns()
+
+    def stop(self) -> int:
+        if self.cuda:  # pragma: no cover - needs a GPU
+            self.end_event.record()
+            self.end_event.synchronize()
+            return max(1, int(self.start_event.elapsed_time(self.end_event) * 1e6))
+        return max(1, time.perf_counter_ns() - self.start_ns)

@@ -1,0 +1,158 @@
+"""Prepared graphs for TorchCore: one static-shape buffer set per catalog shape, input packing,
+and (on CUDA) a captured torch.cuda.CUDAGraph replayed per execution.
+
+Packing rules (the spec's "Mixed execution contract", applied to our rectangular graphs):
+- active rows come first, in lane order; row b carries its query tokens at positions
+  start .. start + n - 1 of its own slot. The logical packed offset of row b is the prefix sum
+  of the query lengths before it, independent of physical slot ids;
+- a real row's unused tail holds padding tokens at positions strictly increasing past its last
+  real position (the model's padding invariant: later real tokens overwrite them before any
+  query can see them, so no valid state changes);
+- rows past the active ones are padding: they write only the cache's scratch slot;
+- the row sampling mask marks the rows that sample a token (decode and speculative rows, and
+  prefill rows that finish their prompt); every other row's logits are ignored.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from helios.graphs import GraphKind, GraphShape
+
+log = logging.getLogger(__name__)
+
+PAD_TOKEN = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RowWork:
+    """One active row: its slot, query tokens, the KV position of the first one, whether it
+    samples, and which of its positions the sampled logits come from (prefill rows)."""
+
+    slot: int
+    tokens: tuple[int, ...]
+    start: int
+    sample: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Packing:
+    """What one execution's inputs looked like (for tests and traces)."""
+
+    query_lengths: tuple[int, ...]  # per active row, in lane order
+    offsets: tuple[int, ...]  # packed token offsets: prefix sums of query_lengths (rows + 1)
+    slots: tuple[int, ...]  # per physical row; padding rows hold the scratch slot
+    sample_mask: tuple[bool, ...]  # per physical row
+
+    @property
+    def packed_tokens(self) -> int:
+        return self.offsets[-1]
+
+
+def graph_length(shape: GraphShape) -> int:
+    """Query positions per row: the prefill chunk, 1 for decode, W for speculative rounds."""
+    if shape.kind.is_prefill or shape.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE):
+        return shape.token_capacity
+    raise ValueError(f"TorchCore prepares no {shape.kind.value} graphs")
+
+
+class PreparedGraph:
+    """Static buffers tokens/positions [B, L], slots [B], logits_at [B] for one shape.
+
+    Host staging tensors are filled per execution and copied into the device buffers that the
+    forward (or the captured CUDA graph) reads; on the CPU they are the same tensors.
+    """
+
+    def __init__(self, shape: GraphShape, scratch_slot: int, device: torch.device | str = "cpu"):
+        self.shape = shape
+        self.batch, self.length = shape.batch_capacity, graph_length(shape)
+        self.scratch_slot = scratch_slot
+        self.device = torch.device(device)
+        # Prefill rows sample one position (their last real token); the others need every row
+        # position's logits (speculative verification) or have one position (decode).
+        self.logits_at_used = shape.kind.is_prefill
+        B, L = self.batch, self.length
+        self.host = {
+            "tokens": torch.full((B, L), PAD_TOKEN, dtype=torch.long),
+            "positions": torch.arange(L).repeat(B, 1),
+            "slots": torch.full((B,), scratch_slot, dtype=torch.long),
+            "logits_at": torch.zeros(B, dtype=torch.long),
+        }
+        if self.device.type == "cpu":
+            self.buffers = self.host
+        else:
+            self.host = {k: v.pin_memory() for k, v in self.host.items()}
+            self.buffers = {k: v.to(self.device) for k, v in self.host.items()}
+        self.cuda_graph: torch.cuda.CUDAGraph | None = None
+        self._graph_output: torch.Tensor | None = None
+        self._kv_window: int | None = None
+
+    def pack(self, rows: Sequence[RowWork]) -> Packing:
+        """Fill the static inputs for `rows` (lane order); the rest of the batch is padding."""
+        B, L = self.batch, self.length
+        if len(rows) > B:
+            raise ValueError(f"{len(rows)} rows do not fit batch capacity {B}")
+        h = self.host
+        h["tokens"].fill_(PAD_TOKEN)
+        h["positions"].copy_(torch.arange(L).expand(B, L))  # padding rows: scratch positions 0..L-1
+        h["slots"].fill_(self.scratch_slot)
+        h["logits_at"].zero_()
+        lengths = []
+        for b, row in enumerate(rows):
+            n = len(row.tokens)
+            if not 1 <= n <= L:
+                raise ValueError(f"row {b} has {n} query tokens; the graph has {L} per row")
+            h["tokens"][b, :n] = torch.tensor(row.tokens, dtype=torch.long)
+            # Real positions start..start+n-1, then the padded tail continues past them.
+            h["positions"][b] = torch.arange(row.start, row.start + L)
+            h["slots"][b] = row.slot
+            h["logits_at"][b] = n - 1
+            lengths.append(n)
+        if self.buffers is not self.host:
+            for k, v in self.host.items():
+                self.buffers[k].copy_(v, non_blocking=True)
+        offsets = [0]
+        for n in lengths:
+            offsets.append(offsets[-1] + n)
+        mask = tuple(b < len(rows) and rows[b].sample for b in range(B))
+        return Packing(tuple(lengths), tuple(offsets), tuple(h["slots"].tolist()), mask)
+
+    def forward(self, model, cache) -> torch.Tensor:
+        """Logits for the packed inputs: [B, 1, V] for prefill (at logits_at), else [B, L, V]."""
+        if self.cuda_graph is not None:
+            self.cuda_graph.replay()
+            return self._graph_output
+        b = self.buffers
+        return model(b["tokens"], b["positions"], b["slots"], cache, kv_window=self._kv_window,
+                     logits_at=b["logits_at"] if self.logits_at_used else None)
+
+    def capture(self, model, cache) -> bool:
+        """Capture this shape's forward as a CUDA graph over the static buffers, attending over
+        the whole cache window. Warm-up and capture run padding rows only (the scratch slot), so
+        they mutate no request state. Returns False (eager replay stays in use) when the model's
+        forward cannot be captured, e.g. because it synchronizes with the host."""
+        if self.device.type != "cuda":
+            return False
+        self.pack(())
+        self._kv_window = cache.max_context
+        try:
+            stream = torch.cuda.Stream(self.device)
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(stream):
+                for _ in range(2):  # warm-up: allocator pools and kernel selection
+                    self.forward(model, cache)
+            torch.cuda.current_stream(self.device).wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = self.forward(model, cache)
+        except Exception as exc:  # pragma: no cover - needs a GPU
+            log.warning("CUDA graph capture of %s failed (%s); running it eagerly",
+                        self.shape.label(), exc)
+            self._kv_window = None
+            return False
+        self.cuda_graph, self._graph_output = graph, out
+        return True

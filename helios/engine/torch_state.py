@@ -1,0 +1,144 @@
+"""TorchCore's per-request state and the role validation of plans against it.
+
+A plan's lanes are checked against the core's own record of every request before anything is
+packed or the cache is touched; a lane that disagrees raises PlanMismatch.
+
+Slots: the scheduler assigns a request's slot at the commit of its first plan, so the frozen
+lanes of that first plan carry slot None. The core therefore binds each request to a physical
+KV slot of its own on the request's first work and releases it at detach; a lane's scheduler
+slot, once seen, must stay the same. Only a request's first prefill chunk may carry slot None.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from helios.engine.sampling import SamplingOptions
+from helios.errors import HeliosError
+from helios.graphs import GraphKind
+from helios.scheduler.plan import Lane, ScheduledPlan
+
+
+class PlanMismatch(HeliosError, ValueError):
+    """A plan whose lanes disagree with the core's request state; nothing was executed."""
+
+
+@dataclass(slots=True)
+class CoreRequest:
+    """One attached request as the core knows it."""
+
+    handle: int
+    prompt: tuple[int, ...]
+    options: SamplingOptions
+    generator: torch.Generator
+    slot: int | None = None  # physical KV slot, bound at the request's first work
+    scheduler_slot: int | None = None  # the scheduler's slot id, once a lane carried one
+    kv_len: int = 0  # valid KV entries: consumed prompt, then committed outputs but the pending one
+    generated: list[int] = field(default_factory=list)  # sampled tokens; the last is pending
+
+    @property
+    def pending(self) -> int | None:
+        """The last sampled token: not yet in the cache, fed by the next decode or round."""
+        return self.generated[-1] if self.generated else None
+
+    def context(self) -> list[int]:
+        """Prompt plus every generated token (the pending one last): proposals copy from it."""
+        return list(self.prompt) + self.generated
+
+
+@dataclass(frozen=True, slots=True)
+class LaneWork:
+    """A validated lane: the request, its physical slot and what the row computes."""
+
+    lane: Lane
+    request: CoreRequest
+    slot: int
+    new_slot: bool  # the slot is bound by this execution
+    finishes_prompt: bool = False  # prefill: the chunk ends the prompt and samples a token
+
+
+def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_slots: Sequence[int],
+                  catalog, max_context: int) -> list[LaneWork]:
+    """Check every lane of `plan` against the core's state; raise PlanMismatch on the first
+    disagreement. Returns one LaneWork per lane, in lane order, binding free slots in order."""
+    shape = plan.shape
+    if shape not in catalog:
+        raise PlanMismatch(f"{shape.label()} is not a prepared graph of this core")
+    if not plan.lanes:
+        raise PlanMismatch("a plan needs at least one lane")
+    if len(plan.lanes) > shape.batch_capacity:
+        raise PlanMismatch(f"{len(plan.lanes)} lanes exceed batch capacity {shape.batch_capacity}")
+    if shape.kind is GraphKind.SPECULATIVE and plan.device_allocation:
+        raise PlanMismatch("TorchCore allocates target rows on the host only (fixed speculation)")
+    free = list(free_slots)
+    seen_handles, seen_slots, works = set(), set(), []
+    for lane in plan.lanes:
+        r = requests.get(lane.handle)
+        if r is None:
+            raise PlanMismatch(f"request {lane.handle} is not attached to this core")
+        if lane.handle in seen_handles:
+            raise PlanMismatch(f"request {lane.handle} appears twice in one plan")
+        seen_handles.add(lane.handle)
+        if lane.slot is not None:
+            if lane.slot in seen_slots:
+                raise PlanMismatch(f"slot {lane.slot} appears twice in one plan")
+            seen_slots.add(lane.slot)
+            if r.scheduler_slot is not None and lane.slot != r.scheduler_slot:
+                raise PlanMismatch(f"request {lane.handle}: lane slot {lane.slot}, but the request "
+                                   f"runs in scheduler slot {r.scheduler_slot}")
+        elif r.slot is not None or r.kv_len or not shape.kind.is_prefill:
+            raise PlanMismatch(f"request {lane.handle}: slot None on a resident request "
+                               "(only a first prefill chunk may precede slot assignment)")
+        if r.slot is None:
+            if not free:
+                raise PlanMismatch(f"request {lane.handle}: no free KV slot (detach finished requests)")
+            slot, new = free.pop(), True
+        else:
+            slot, new = r.slot, False
+        check = _check_prefill if shape.kind.is_prefill else _check_decode
+        works.append(check(lane, r, shape, max_context, slot, new))
+    return works
+
+
+def _check_prefill(lane: Lane, r: CoreRequest, shape, max_context: int, slot: int, new: bool) -> LaneWork:
+    h, start, n = lane.handle, lane.prompt_start, lane.prompt_tokens
+    if r.generated:
+        raise PlanMismatch(f"request {h}: prefill after its prompt was consumed")
+    if not 1 <= n <= shape.token_capacity:
+        raise PlanMismatch(f"request {h}: {n} prompt tokens in a {shape.token_capacity}-token chunk")
+    if start != r.kv_len or lane.context_tokens != r.kv_len:
+        raise PlanMismatch(f"request {h}: prefill from prompt offset {start} with context "
+                           f"{lane.context_tokens}, but the core holds {r.kv_len} tokens")
+    if start + n > len(r.prompt):
+        raise PlanMismatch(f"request {h}: prompt range [{start}, {start + n}) is beyond its "
+                           f"{len(r.prompt)}-token prompt")
+    finishes = start + n == len(r.prompt)
+    if lane.output_rows != int(finishes):
+        raise PlanMismatch(f"request {h}: {lane.output_rows} output rows for a chunk that "
+                           f"{'finishes' if finishes else 'does not finish'} the prompt")
+    if start + n > max_context:
+        raise PlanMismatch(f"request {h}: prompt end {start + n} exceeds context {max_context}")
+    return LaneWork(lane, r, slot, new, finishes)
+
+
+def _check_decode(lane: Lane, r: CoreRequest, shape, max_context: int, slot: int, new: bool) -> LaneWork:
+    h, rows = lane.handle, lane.output_rows
+    if r.pending is None:
+        raise PlanMismatch(f"request {h}: decoding before its prompt was consumed")
+    if lane.prompt_tokens:
+        raise PlanMismatch(f"request {h}: {lane.prompt_tokens} prompt tokens in a "
+                           f"{shape.kind.value} graph")
+    if not 1 <= rows <= shape.token_capacity:
+        raise PlanMismatch(f"request {h}: {rows} output rows in a graph of width {shape.token_capacity}")
+    # The pending token sits at position kv_len, so the lane's context counts it. A round
+    # queued behind another round plans with that round's ceiling: an upper bound.
+    exact = shape.kind is GraphKind.DECODE
+    if (lane.context_tokens != r.kv_len + 1) if exact else (lane.context_tokens < r.kv_len + 1):
+        raise PlanMismatch(f"request {h}: lane context {lane.context_tokens}, but the core holds "
+                           f"{r.kv_len} tokens plus the pending one")
+    if r.kv_len + rows > max_context:
+        raise PlanMismatch(f"request {h}: {rows} rows from position {r.kv_len} exceed context {max_context}")
+    return LaneWork(lane, r, slot, new)
