@@ -1,0 +1,250 @@
+"""One simulated serving run: a workload, a cost model, SimCore and a scheduler chosen by name.
+
+Every scheduler runs on the same catalog, resources, cost model, warm-up and seed, so differences
+between runs come from the scheduling decisions alone. docs/simulator.md describes the choices.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from helios.config import SchedulerConfig, preset
+from helios.engine.sim_core import SimCore
+from helios.errors import ConfigError
+from helios.graphs import Catalog, GraphKind, GraphShape, ordinary_catalog
+from helios.scheduler import RequestSpec
+from helios.sim.costmodel import CostModel, SyntheticCostModel, VidurCostModel
+from helios.sim.loop import Arrival, Simulation
+from helios.sim.metrics import NS_PER_S, SLO, RunMetrics, compute_metrics
+from helios.sim.traces import TraceRequest, load_azure_conv, load_mooncake, multi_client
+
+TRACES = ("azure", "mooncake", "multi")
+SCHEDULERS = ("helios-balanced", "helios-throughput", "vllm-fcfs", "sarathi", "vtc", "direct")
+COST_MODELS = ("h100-70b", "a100-70b-tp2", "h100-7b", "realistic-small")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What every scheduler in a comparison shares: cost model, catalog, resources, noise, warm-up."""
+
+    cost_model: str = "h100-70b"
+    request_slots: int = 64
+    max_context: int = 8192
+    page_tokens: int = 16
+    prefill_chunks: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096)
+    noise: float = 0.03  # multiplicative timing noise of SimCore
+    warmup: bool = True
+    warmup_context: int = 1024  # KV length of every active row in the warm-up measurements
+
+    def catalog(self) -> Catalog:
+        # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope.
+        return ordinary_catalog(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks))
+
+    def config(self) -> SchedulerConfig:
+        # Requests reserve their whole extent (prompt + max output) when first scheduled, so the page pool
+        # holds every slot at full context: capacity never depends on which scheduler packs better.
+        pages = self.request_slots * -(-self.max_context // self.page_tokens)
+        return SchedulerConfig(request_slots=self.request_slots, kv_pages=pages, page_tokens=self.page_tokens,
+                               max_context=self.max_context, selection_slots=min(64, self.request_slots))
+
+
+@functools.lru_cache(maxsize=8)
+def load_cost_model(name: str) -> CostModel:
+    """A cost model by name: a Vidur profile (docs/cost-models.md) or "realistic-small" (synthetic)."""
+    if name == "realistic-small":
+        return SyntheticCostModel.realistic_small()
+    if name not in COST_MODELS:
+        raise ConfigError("cost_model", f"unknown cost model {name!r}; choose from {', '.join(COST_MODELS)}")
+    return VidurCostModel.from_data(name)
+
+
+def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
+    """A scheduler by report name: helios-balanced, helios-throughput (or helios), or a baseline."""
+    if name in ("helios", "helios-balanced", "helios-throughput"):
+        policy = preset("throughput" if name.endswith("throughput") else "balanced")
+        try:
+            from helios.baselines import make_scheduler
+        except ImportError:  # the baselines package is optional for Helios's own runs
+            from helios.scheduler import Scheduler
+            return Scheduler(catalog, policy, config)
+        return make_scheduler("helios", catalog, policy, config)
+    from helios.baselines import make_scheduler
+
+    return make_scheduler(name, catalog, None, config)
+
+
+MOONCAKE_TICK_NS = 3 * NS_PER_S  # the Mooncake trace stamps arrivals on a 3-second tick
+
+
+@functools.lru_cache(maxsize=16)
+def _load(trace: str, window_s: float, seed: int, max_context: int) -> tuple[TraceRequest, ...]:
+    if trace == "azure":
+        return tuple(load_azure_conv(duration_s=window_s, max_context=max_context))
+    if trace == "mooncake":
+        return tuple(spread_ticks(load_mooncake(duration_s=window_s, max_context=max_context), MOONCAKE_TICK_NS))
+    if trace == "multi":
+        return tuple(multi_client(duration_s=window_s, seed=seed, max_context=max_context))
+    raise ConfigError("trace", f"unknown trace {trace!r}; choose from {', '.join(TRACES)}")
+
+
+def load_workload(trace: str, window_s: float, *, seed: int = 0, max_context: int = 8192) -> list[TraceRequest]:
+    """The first `window_s` seconds of a trace at its own rate (rate_scale 1). "multi" is the ShareGPT
+    fairness mix of `traces.multi_client` (its arrivals depend on `seed`). Mooncake's arrivals are spread
+    over their 3-second tick (`spread_ticks`)."""
+    return list(_load(trace, float(window_s), int(seed), int(max_context)))
+
+
+def spread_ticks(requests: Sequence[TraceRequest], tick_ns: int) -> list[TraceRequest]:
+    """Spread requests that share one timestamp evenly over the time to the next stamp (at most
+    `tick_ns`), keeping their order: the stamp is a sampling tick, and replaying ~10 long prompts at
+    the same nanosecond would turn every tick into a synthetic burst that no scheduler can serve."""
+    out: list[TraceRequest] = []
+    i = 0
+    while i < len(requests):
+        t = requests[i].arrival_ns
+        j = i
+        while j < len(requests) and requests[j].arrival_ns == t:
+            j += 1
+        span = min(tick_ns, requests[j].arrival_ns - t) if j < len(requests) else tick_ns
+        for k, r in enumerate(requests[i:j]):
+            out.append(TraceRequest(t + span * k // (j - i), r.prompt_tokens, r.output_tokens, r.client,
+                                    r.prefix_blocks))
+        i = j
+    return out
+
+
+# `multi` has short prompts and lenient SLOs: at the loads that bring the real traces to their SLO limits it
+# is nowhere near contention, and fairness only shows under contention. Its loads are tripled.
+LOAD_FACTOR = {"multi": 3.0}
+
+
+def loads_of(trace: str, values) -> tuple[float, ...]:
+    """The nominal loads a trace runs at: `values` times its load factor."""
+    return tuple(round(v * LOAD_FACTOR.get(trace, 1.0), 6) for v in values)
+
+
+def rescale(requests: Sequence[TraceRequest], scale: float) -> list[TraceRequest]:
+    """The same requests arriving `scale` times as fast (arrival times divided by scale)."""
+    if scale <= 0:
+        raise ConfigError("rate_scale", f"must be positive, got {scale}")
+    return [TraceRequest(int(round(r.arrival_ns / scale)), r.prompt_tokens, r.output_tokens, r.client,
+                         r.prefix_blocks) for r in requests]
+
+
+def solo_prefill_ns(model: CostModel, catalog: Catalog, prompt: int) -> int:
+    """Time to prefill one prompt alone: the smallest single-row chunk that covers what is left, else the
+    largest chunk, repeated over the growing context."""
+    chunks = sorted(s.token_capacity for s in catalog.of_kind(GraphKind.PREFILL) if s.batch_capacity == 1)
+    done, total = 0, 0
+    while done < prompt:
+        c = next((c for c in chunks if c >= prompt - done), chunks[-1])
+        total += model.duration_ns(GraphShape(GraphKind.PREFILL, 1, c), [done])
+        done += c
+    return total
+
+
+def decode_ns(model: CostModel, batch: int, context: int) -> int:
+    return model.duration_ns(GraphShape(GraphKind.DECODE, batch), [context] * batch)
+
+
+def nominal_load(requests: Sequence[TraceRequest], window_ns: int, setup: Setup) -> float:
+    """Device-seconds of work offered per second: each prompt prefilled alone, each output token at its
+    share of a full decode batch. Saturation sets in somewhat below 1: batches are not always full."""
+    model, catalog = load_cost_model(setup.cost_model), setup.catalog()
+    b = setup.request_slots
+    work = sum(solo_prefill_ns(model, catalog, r.prompt_tokens)
+               + r.output_tokens * decode_ns(model, b, r.prompt_tokens + r.output_tokens // 2) / b
+               for r in requests)
+    return work / window_ns
+
+
+def default_slo(requests: Sequence[TraceRequest], setup: Setup, ttft_scale: float = 5.0,
+                gap_scale: float = 10.0) -> SLO:
+    """DistServe-style SLOs scaled to the model: TTFT <= ttft_scale x the solo prefill of the workload's
+    90th-percentile prompt; each request's p99 gap <= gap_scale x a batch-1 decode at the median context.
+
+    The p90 prompt (not the median) keeps the SLO reachable for long prompts in mixed workloads; the gap
+    SLO at 10 decode steps leaves room for one prefill chunk of up to ~2k tokens between two decodes.
+    """
+    model, catalog = load_cost_model(setup.cost_model), setup.catalog()
+    p = int(np.percentile([r.prompt_tokens for r in requests], 90))
+    ctx = int(np.median([r.prompt_tokens + r.output_tokens // 2 for r in requests]))
+    return SLO(ttft_ms=ttft_scale * solo_prefill_ns(model, catalog, p) / 1e6,
+               gap_ms=gap_scale * decode_ns(model, 1, ctx) / 1e6)
+
+
+def warm_up(scheduler, catalog: Catalog, model: CostModel, context: int) -> None:
+    """Measure every graph once before the trace, as the spec's discovery would, but off the clock: one
+    full-occupancy sample per shape (decode rows at `context`, prefill with nothing cached) at t=0."""
+    for shape in catalog:
+        ctx = context if shape.kind is GraphKind.DECODE else 0
+        scheduler.costs.observe(shape, model.duration_ns(shape, [ctx] * shape.batch_capacity), 0)
+
+
+def to_arrivals(requests: Sequence[TraceRequest]) -> list[Arrival]:
+    return [Arrival(r.arrival_ns, RequestSpec(r.prompt_tokens, r.output_tokens, client=r.client),
+                    output_len=r.output_tokens, client=r.client) for r in requests]
+
+
+@dataclass
+class RunResult:
+    scheduler: str
+    scale: float
+    metrics: RunMetrics
+    sim: Simulation = field(repr=False)
+
+
+def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup, *, seed: int = 0,
+                 slo: SLO, arrival_window_ns: int | None = None, progress: bool | None = None,
+                 scale: float = 1.0) -> RunResult:
+    """Simulate `requests` (already at their final rate) to completion; deterministic given `seed`.
+
+    progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
+    """
+    catalog, config = setup.catalog(), setup.config()
+    model = load_cost_model(setup.cost_model)
+    sched = build_scheduler(scheduler, catalog, config)
+    if setup.warmup:
+        warm_up(sched, catalog, model, setup.warmup_context)
+    core = SimCore(catalog, model, seed=seed, noise=setup.noise)
+    bar = _bar(requests, progress, scheduler)
+    last = [0]
+
+    def tick(step) -> None:
+        bar.update((step.end_ns - last[0]) / NS_PER_S)
+        last[0] = step.end_ns
+
+    sim = Simulation(sched, core, on_step=tick if bar is not None else None)
+    sim.add(to_arrivals(requests))
+    try:
+        sim.run()
+    finally:
+        if bar is not None:
+            bar.close()
+    return RunResult(scheduler, scale, compute_metrics(sim, slo, arrival_window_ns=arrival_window_ns), sim)
+
+
+def run_trace(scheduler: str, trace: str, *, window_s: float, scale: float, setup: Setup, seed: int = 0,
+              slo: SLO | None = None, progress: bool | None = None) -> RunResult:
+    """`run_workload` on the first `window_s` seconds of `trace` at `rate_scale = scale`; the SLO defaults
+    to `default_slo` of the window."""
+    base = load_workload(trace, window_s, seed=seed, max_context=setup.max_context)
+    slo = slo or default_slo(base, setup)
+    return run_workload(scheduler, rescale(base, scale), setup, seed=seed, slo=slo, scale=scale,
+                        arrival_window_ns=int(window_s / scale * NS_PER_S), progress=progress)
+
+
+def _bar(requests, progress: bool | None, label: str):
+    if progress is None:
+        progress = sys.stderr.isatty()
+    if not progress or not requests:
+        return None
+    from tqdm import tqdm
+
+    total = round(max(r.arrival_ns for r in requests) / NS_PER_S, 1)
+    return tqdm(total=total, desc=label, unit="vs", leave=False, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} vs")
