@@ -51,8 +51,9 @@ def validate_completion(queue: ExecutionQueue, requests, fence, records, timing,
     lanes = head.plan.lanes
     if not isinstance(records, (list, tuple)) or len(records) != len(lanes):
         raise InvalidCompletion(f"fence {fence} has {len(lanes)} lanes; got {len(records) if isinstance(records, (list, tuple)) else records!r}")
+    speculative = head.plan.shape.kind is GraphKind.SPECULATIVE
     for lane, rec in zip(lanes, records):
-        if not isinstance(rec, CompletionRecord):
+        if type(rec) is not CompletionRecord:
             raise InvalidCompletion(f"not a CompletionRecord: {rec!r}")
         if rec.handle != lane.handle or rec.epoch != lane.epoch:
             raise InvalidCompletion(f"record for request {rec.handle} epoch {rec.epoch} does not match "
@@ -60,12 +61,11 @@ def validate_completion(queue: ExecutionQueue, requests, fence, records, timing,
         if rec.prompt_tokens != lane.prompt_tokens:
             raise InvalidCompletion(f"request {rec.handle}: consumed {rec.prompt_tokens} prompt tokens, "
                                     f"scheduled {lane.prompt_tokens}")
-        if not isinstance(rec.tokens, tuple) or any(
-                not isinstance(t, (int, np.integer)) or isinstance(t, bool) or t < 0 for t in rec.tokens):
+        if type(rec.tokens) is not tuple or not _token_ids(rec.tokens):
             raise InvalidCompletion(f"request {rec.handle}: tokens must be a tuple of nonnegative ints")
         r = requests.get(rec.handle)
         live = r is not None and r.phase is not Phase.DONE
-        if head.plan.shape.kind is GraphKind.SPECULATIVE:
+        if speculative:
             _validate_round(head.plan, lane, rec, live, survival)
         elif len(rec.tokens) > lane.output_rows or (live and len(rec.tokens) != lane.output_rows):
             raise InvalidCompletion(f"request {rec.handle}: {len(rec.tokens)} tokens for "
@@ -83,6 +83,15 @@ def validate_completion(queue: ExecutionQueue, requests, fence, records, timing,
     if survival is not None and head.plan.shape.kind is not GraphKind.SPECULATIVE:
         raise InvalidCompletion("survival rows belong to speculative rounds")
     return head
+
+
+def _token_ids(tokens: tuple) -> bool:
+    # The common case (plain ints) costs one set and one min; numpy integers take the slow path.
+    if not tokens:
+        return True
+    if {type(t) for t in tokens} == {int}:
+        return min(tokens) >= 0
+    return all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in tokens)
 
 
 def _offered(lane, rec) -> int:
@@ -133,33 +142,37 @@ def apply_completion(sched, frame: Frame, records, timing: ExecutionTiming,
     if timing.device_interval_ns() is not None:
         _account_interval(sched, frame, served, raw / 1e6)
     out = []
+    requests, fence, max_context = sched.requests, frame.fence, sched.config.max_context
+    speculative = shape.kind is GraphKind.SPECULATIVE
+    done = Phase.DONE
     for lane, rec in zip(frame.plan.lanes, records):
-        r = sched.requests.get(lane.handle)
+        r = requests.get(lane.handle)
         if r is None:
             continue
         r.queued_prompt -= lane.prompt_tokens
         r.queued_output -= lane.output_rows
-        r.inflight.remove(frame.fence)
+        r.inflight.remove(fence)
         r.version += 1
-        if r.phase is Phase.DONE or r.epoch != lane.epoch:
+        if r.phase is done or r.epoch != lane.epoch:
             continue  # cancelled or already finished: the lane's results are discarded
-        first = r.output_done == 0 and bool(rec.tokens)
+        tokens = rec.tokens
+        first = r.output_done == 0 and bool(tokens)
         r.prompt_done += rec.prompt_tokens
-        r.output_done += len(rec.tokens)
-        r.latest_completion_fence = frame.fence
-        if rec.tokens and r.last_publication_ns is None:
+        r.output_done += len(tokens)
+        r.latest_completion_fence = fence
+        if tokens and r.last_publication_ns is None:
             r.last_publication_ns = now  # provisional until the runtime publishes
         if rec.eos:
             r.finish = FinishReason.EOS
         elif r.output_done >= r.spec.max_output_tokens:
             r.finish = FinishReason.LENGTH
-        elif r.prompt_done + r.output_done >= sched.config.max_context:
+        elif r.prompt_done + r.output_done >= max_context:
             r.finish = FinishReason.CONTEXT
         r.update_phase()
-        if shape.kind is GraphKind.SPECULATIVE:
+        if speculative:
             _learn_round(sched, frame, lane, rec, r, confidence, survival)
-        if rec.tokens or r.finish is not None:
-            out.append(GeneratedToken(r.handle, frame.fence, tuple(int(t) for t in rec.tokens), r.finish, first))
+        if tokens or r.finish is not None:
+            out.append(GeneratedToken(r.handle, fence, tuple(map(int, tokens)), r.finish, first))
     return out
 
 
