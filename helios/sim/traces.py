@@ -51,14 +51,13 @@ class ClientSpec:
     burstiness: float = 1.0
 
 
-def default_data_dir() -> Path:
-    """The project's data/ folder (helios/../data), or $HELIOS_DATA_DIR when set."""
-    override = os.environ.get("HELIOS_DATA_DIR")
-    path = Path(override) if override else Path(__file__).resolve().parents[2] / "data"
+def default_data_dir(root: Path | None = None) -> Path:
+    """The project's data/ folder (helios/../data); every loader also takes an explicit path."""
+    path = (root or Path(__file__).resolve().parents[2]) / "data"
     if not path.is_dir():
         raise FileNotFoundError(
             f"simulator data folder not found at {path}; copy the files listed in data/PROVENANCE.md there "
-            "(from the project's shared data set) or point HELIOS_DATA_DIR at a folder that holds them")
+            "(from the project's shared data set) or pass the file's path to the loader")
     return path
 
 

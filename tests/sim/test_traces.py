@@ -36,11 +36,10 @@ def test_trace_request_is_frozen():
         r.prompt_tokens = 3  # type: ignore[misc]
 
 
-def test_default_data_dir_and_missing_dir(monkeypatch, tmp_path):
+def test_default_data_dir_and_missing_dir(tmp_path):
     assert (T.default_data_dir() / T.AZURE_CONV).is_file()
-    monkeypatch.setenv("HELIOS_DATA_DIR", str(tmp_path / "nope"))
     with pytest.raises(FileNotFoundError, match="data folder not found"):
-        T.default_data_dir()
+        T.default_data_dir(tmp_path)
 
 
 def test_azure_full_trace(azure):
