@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol, Sequence, runtime_checkable
 
 from helios.graphs import Catalog, GraphShape
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
@@ -32,6 +32,7 @@ def complete(scheduler, fence: Fence, result: Execution):
     return scheduler.complete(fence, result.records, result.timing)
 
 
+@runtime_checkable
 class CostModel(Protocol):
     def duration_ns(self, shape: GraphShape, context_lens: Sequence[int]) -> int: ...
 

@@ -11,11 +11,12 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Sequence
 
 from helios.errors import ConfigError
 from helios.graphs import GraphKind, GraphShape
 from helios.sim.traces import data_file
+from helios.engine.core import CostModel  # noqa: F401  (re-exported: the protocol lives with the engines)
 from helios.sim.vidur_tables import (DecodeAttentionTable, HostOverheadTable, LinearOpsTable,
                                      PrefillAttentionTable, equivalent_prefill_row, load_attention)
 
@@ -29,11 +30,6 @@ CPU_OVERHEAD_FILE = "vidur_a100_cpu_overheads.csv"
 # A100-80GB SXM HBM2e 2.039 TB/s vs H100-80GB SXM HBM3 3.35 TB/s: decode attention is bandwidth-bound,
 # and FlashAttention-2's forward runs roughly 1.5-1.7x the A100 rate on H100, so one factor serves both.
 H100_OVER_A100_ATTENTION = 2.039 / 3.35
-
-
-@runtime_checkable
-class CostModel(Protocol):
-    def duration_ns(self, shape: GraphShape, context_lens: Sequence[int]) -> int: ...
 
 
 @dataclass(frozen=True)
