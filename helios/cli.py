@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", default="sim-report", help="output directory (report.md, PNGs, results.json)")
     report.add_argument("--traces", type=_csv(str), help="comma-separated: azure, mooncake, multi")
     report.add_argument("--schedulers", type=_csv(str),
-                        help="comma-separated: helios-balanced, helios-throughput, vllm-fcfs, sarathi, vtc, direct")
+                        help="comma-separated: helios-balanced, helios-throughput, helios-spec, vllm-fcfs, sarathi, vtc, direct")
     report.add_argument("--window-s", type=float, help="seconds of each trace to replay (default 60)")
     report.add_argument("--loads", type=_csv(float), help="nominal loads, e.g. 0.2,0.4,0.6")
     report.add_argument("--seed", type=int, default=0)

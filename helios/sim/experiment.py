@@ -8,23 +8,29 @@ from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 import numpy as np
 
-from helios.config import SchedulerConfig, preset
+from helios.config import SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape, ordinary_catalog
+from helios.prepare import with_speculation
 from helios.scheduler import RequestSpec
+from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import CostModel, SyntheticCostModel, VidurCostModel
 from helios.sim.loop import Arrival, Simulation
 from helios.sim.metrics import NS_PER_S, SLO, RunMetrics, compute_metrics
 from helios.sim.traces import TraceRequest, load_azure_conv, load_mooncake, multi_client
 
 TRACES = ("azure", "mooncake", "multi")
-SCHEDULERS = ("helios-balanced", "helios-throughput", "vllm-fcfs", "sarathi", "vtc", "direct")
+SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs", "sarathi", "vtc", "direct")
+# helios-spec: Helios balanced with adaptive speculation (learned proposals whose acceptance follows the
+# MT-Bench EAGLE curve with per-request variation). Proposal compute is not in the cost model.
+SPEC_WIDTHS = range(1, 6)
+SPEC_TOKEN_CAPACITY = 256
 COST_MODELS = ("h100-70b", "a100-70b-tp2", "h100-7b", "realistic-small")
 
 
@@ -65,7 +71,7 @@ def load_cost_model(name: str) -> CostModel:
 
 def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     """A scheduler by report name: helios-balanced, helios-throughput (or helios), or a baseline."""
-    if name in ("helios", "helios-balanced", "helios-throughput"):
+    if name in ("helios", "helios-balanced", "helios-throughput", "helios-spec"):
         policy = preset("throughput" if name.endswith("throughput") else "balanced")
         try:
             from helios.baselines import make_scheduler
@@ -182,7 +188,7 @@ def warm_up(scheduler, catalog: Catalog, model: CostModel, context: int) -> None
     """Measure every graph once before the trace, as the spec's discovery would, but off the clock: one
     full-occupancy sample per shape (decode rows at `context`, prefill with nothing cached) at t=0."""
     for shape in catalog:
-        ctx = context if shape.kind is GraphKind.DECODE else 0
+        ctx = context if shape.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE) else 0
         scheduler.costs.observe(shape, model.duration_ns(shape, [ctx] * shape.batch_capacity), 0)
 
 
@@ -207,11 +213,17 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
     catalog, config = setup.catalog(), setup.config()
+    acceptance = None
+    if scheduler == "helios-spec":
+        catalog = with_speculation(catalog, setup.request_slots, SPEC_WIDTHS, SPEC_TOKEN_CAPACITY)
+        config = replace(config, speculation=SpeculationMode.ADAPTIVE)
+        acceptance = AcceptanceModel(seed=seed)
     model = load_cost_model(setup.cost_model)
     sched = build_scheduler(scheduler, catalog, config)
     if setup.warmup:
         warm_up(sched, catalog, model, setup.warmup_context)
-    core = SimCore(catalog, model, seed=seed, noise=setup.noise)
+    core = SimCore(catalog, model, seed=seed, noise=setup.noise, acceptance=acceptance,
+                   request_slots=config.request_slots, draft_capacity=config.draft_capacity)
     bar = _bar(requests, progress, scheduler)
     last = [0]
 
