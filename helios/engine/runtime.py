@@ -88,6 +88,12 @@ class Runtime:
     def scheduler_stats(self):
         return self.scheduler.stats
 
+    def inspect(self, read: Callable):
+        """Call read(scheduler, runtime_stats) under the lock that serializes scheduler calls,
+        so what it copies is one consistent state."""
+        with self._cv:
+            return read(self.scheduler, self.stats)
+
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Runtime:
         with self._cv:

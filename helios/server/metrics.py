@@ -71,29 +71,30 @@ class ServerMetrics:
 
 def snapshot(runtime) -> dict:
     """A consistent copy of the scheduler's and runtime's counters and resources."""
-    # Runtime has no public lock accessor; every scheduler call happens under `_cv`.
-    with runtime._cv:
-        s = runtime.scheduler
-        stats = s.stats
-        live = [r for r in s.requests.values() if r.phase is not Phase.DONE]
-        costs = getattr(s, "costs", None)
-        return {
-            "nanoseconds": {k.value: v for k, v in stats.nanoseconds.items()},
-            "executions": {k.value: v for k, v in stats.executions.items()},
-            "by_shape": {(sh.kind.value, sh.label()): n for sh, n in stats.by_shape.items()},
-            "speculative": {attr: getattr(stats, attr) for _, attr, _ in _SPECULATIVE},
-            "wall_ns": dict(runtime.stats.wall_ns_by_shape),
-            "estimates": {(sh.kind.value, sh.label()): est for sh in s.catalog
-                          if costs is not None and (est := costs.estimate_ns(sh)) is not None},
-            "running": sum(1 for r in live if r.slot is not None),
-            "waiting": sum(1 for r in live if r.slot is None),
-            "free_slots": s.resources.free_slots,
-            "total_slots": s.resources.total_slots,
-            "free_pages": s.resources.free_pages,
-            "total_pages": s.resources.total_pages,
-            "faults": runtime.stats.faults,
-            "submitted": runtime.stats.submitted,
-        }
+    return runtime.inspect(_copy)
+
+
+def _copy(s, runtime_stats) -> dict:
+    stats = s.stats
+    live = [r for r in s.requests.values() if r.phase is not Phase.DONE]
+    costs = getattr(s, "costs", None)
+    return {
+        "nanoseconds": {k.value: v for k, v in stats.nanoseconds.items()},
+        "executions": {k.value: v for k, v in stats.executions.items()},
+        "by_shape": {(sh.kind.value, sh.label()): n for sh, n in stats.by_shape.items()},
+        "speculative": {attr: getattr(stats, attr) for _, attr, _ in _SPECULATIVE},
+        "wall_ns": dict(runtime_stats.wall_ns_by_shape),
+        "estimates": {(sh.kind.value, sh.label()): est for sh in s.catalog
+                      if costs is not None and (est := costs.estimate_ns(sh)) is not None},
+        "running": sum(1 for r in live if r.slot is not None),
+        "waiting": sum(1 for r in live if r.slot is None),
+        "free_slots": s.resources.free_slots,
+        "total_slots": s.resources.total_slots,
+        "free_pages": s.resources.free_pages,
+        "total_pages": s.resources.total_pages,
+        "faults": runtime_stats.faults,
+        "submitted": runtime_stats.submitted,
+    }
 
 
 class _RuntimeCollector:
