@@ -157,10 +157,11 @@ class Scheduler:
         if winner.shape.kind is GraphKind.SPECULATIVE:
             lanes = tuple(self._spec_lane(view.decode_reqs[i], int(i), int(c), int(rows), winner, view)
                           for i, c, rows in zip(winner.members, winner.ceilings, winner.rows))
+        elif winner.shape.kind is GraphKind.DECODE:
+            lanes = _decode_lanes(view.decode_reqs, winner, view)
         else:
-            reqs = view.decode_reqs if winner.shape.kind is GraphKind.DECODE else view.prefill[winner.shape.kind][1]
-            lanes = tuple(self._lane(reqs[i], int(i), int(w), winner, view)
-                          for i, w in zip(winner.members, winner.works))
+            reqs = view.prefill[winner.shape.kind][1]
+            lanes = tuple(self._prefill_lane(reqs[i], w) for i, w in zip(winner.members.tolist(), winner.works.tolist()))
         requires_feedback = (not winner.shape.kind.queueable or winner.cost_state is not CostState.FRESH
                              or any(l.needs_feedback for l in lanes))
         if len(self.queue) and requires_feedback:
@@ -182,13 +183,8 @@ class Scheduler:
             return (None if t is None else t / 1e6), self.costs.state(shape, now)
         return lookup
 
-    def _lane(self, r: Request, i: int, work: int, winner, view) -> Lane:
-        t = winner.t_ms or 0.0
-        if winner.shape.kind is GraphKind.DECODE:
-            value = float(view.decode.base[i] + view.decode.age_slope * t)
-            return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, 0,
-                        r.context_tokens, 1, 1.0, 1.0, value,
-                        needs_feedback=r.spec.host_feedback and bool(r.inflight))
+    @staticmethod
+    def _prefill_lane(r: Request, work: int) -> Lane:
         finishes = work == r.prompt_left
         # A finishing chunk commits its prompt and can publish one first output token.
         return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, work,
@@ -324,3 +320,13 @@ class Scheduler:
             return self.requests[handle]
         except KeyError:
             raise UnknownRequest(f"unknown request handle {handle}") from None
+
+
+def _decode_lanes(reqs: list[Request], winner, view: PlanningView) -> tuple[Lane, ...]:
+    # One lane per served decoder; values are the scaled lane values at the winner's duration.
+    values = (view.decode.base[winner.members] + view.decode.age_slope * (winner.t_ms or 0.0)).tolist()
+    return tuple(
+        Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, 0,
+             r.prompt_done + r.queued_prompt + r.output_done + r.queued_output, 1, 1.0, 1.0, v,
+             r.spec.host_feedback and bool(r.inflight))
+        for r, v in zip([reqs[i] for i in winner.members.tolist()], values))
