@@ -65,6 +65,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="speculative decoding with copy proposals (default off)")
     g.add_argument("--speculative-token-capacity", type=positive_int, default=16,
                    help="R: aggregate target rows of a speculative program (default 16)")
+    g.add_argument("--no-warmup", dest="warmup", action="store_false",
+                   help="skip timing every prepared graph at startup (costs are then discovered on demand)")
     g = run.add_argument_group("scheduler")
     g.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="helios", help="Helios or a baseline")
     g.add_argument("--scheduler-policy", choices=("balanced", "throughput"), default="balanced")
@@ -96,7 +98,7 @@ def run(args: argparse.Namespace) -> int:
         adaptive_verification_alpha=args.mtp_adaptive_verification_alpha, speculation=args.speculation,
         speculative_token_capacity=args.speculative_token_capacity, slots=args.slots,
         prefill_capacity=args.prefill_capacity, max_context=args.max_context, device=args.device,
-        sim_pace=args.sim_pace)
+        sim_pace=args.sim_pace, warmup=args.warmup)
     try:
         backend = build_backend(options)
     except ConfigError as exc:
