@@ -110,6 +110,3 @@ class SchedulerConfig:
             raise ConfigError("selection_slots", "the spec bounds selection to 64 request slots")
         if self.frame_slots > 2:
             raise ConfigError("frame_slots", "the transport has two frame slots")
-
-    def pages_for(self, tokens: int) -> int:
-        return -(-tokens // self.page_tokens)

@@ -90,13 +90,6 @@ class GraphShape:
     def rectangular(self) -> bool:
         return self.target_capacity == self.batch_capacity * self.token_capacity
 
-    @property
-    def prompt_capacity(self) -> int:
-        """Prompt tokens one row can consume (prefill chunk or mixed prompt capacity)."""
-        if self.kind.is_prefill:
-            return self.token_capacity
-        return self.prefill_capacity
-
     def capacities(self) -> tuple[int, int, int, int, int]:
         return (self.batch_capacity, self.token_capacity, self.proposal_depth,
                 self.target_capacity, self.prefill_capacity)

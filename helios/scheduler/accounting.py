@@ -159,7 +159,6 @@ def apply_completion(sched, frame: Frame, records, timing: ExecutionTiming,
         first = r.output_done == 0 and bool(tokens)
         r.prompt_done += rec.prompt_tokens
         r.output_done += len(tokens)
-        r.latest_completion_fence = fence
         if tokens and r.last_publication_ns is None:
             r.last_publication_ns = now  # provisional until the runtime publishes
         if rec.eos:

@@ -311,16 +311,6 @@ class Scheduler:
             r.history.log_z = ewma_log(log_z, delta_ms, 1.0, self.policy.adaptation_ms)
         r.pending_delivery = None
 
-    # ---- introspection -----------------------------------------------------------------
-    def live_requests(self) -> int:
-        return len(self.requests)
-
-    def request(self, handle: RequestHandle) -> Request:
-        try:
-            return self.requests[handle]
-        except KeyError:
-            raise UnknownRequest(f"unknown request handle {handle}") from None
-
 
 def _decode_lanes(reqs: list[Request], winner, view: PlanningView) -> tuple[Lane, ...]:
     # One lane per served decoder; values are the scaled lane values at the winner's duration.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -182,6 +181,3 @@ class PlanTrace:
     exploration_credit_ns: float = 0.0
     extra: dict = field(default_factory=dict)
 
-
-def finite_or(value: float, fallback: float) -> float:
-    return value if math.isfinite(value) else fallback

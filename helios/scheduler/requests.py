@@ -37,7 +37,6 @@ class Request:
     last_publication_ns: int | None = None
     last_served_seq: int = -1  # decision counter of the last service: less recent wins ties
     pending_delivery: tuple | None = None  # (fence, delta_ms, log_z before the interval)
-    latest_completion_fence: int | None = None
     phase: Phase = Phase.PREFILL  # kept by update_phase(): read on every decision
     speculation: SpeculationState = field(default_factory=SpeculationState)
 

@@ -37,6 +37,15 @@ def _finish(plt, fig, axes, path: Path) -> Path:
     return path
 
 
+def _log_panel(ax, load: float, xlabel: str, log_y: bool = False) -> None:
+    ax.set_xscale("log")
+    if log_y:
+        ax.set_yscale("log")
+    ax.set_xlabel(xlabel)
+    ax.set_title(f"load {load:g}")
+    ax.grid(alpha=0.3, which="both")
+
+
 def ttft_cdf(series: Mapping[float, Mapping[str, np.ndarray]], title: str, path: Path) -> Path:
     """One panel per load: the CDF of TTFT (seconds, log axis) for each scheduler."""
     plt, fig, axes = _panels(len(series), title)
@@ -45,10 +54,7 @@ def ttft_cdf(series: Mapping[float, Mapping[str, np.ndarray]], title: str, path:
             if len(ttft_ms):
                 x, y = _ecdf(np.maximum(ttft_ms, 1e-3) / 1e3)
                 ax.step(x, y, where="post", label=name, lw=1.2)
-        ax.set_xscale("log")
-        ax.set_xlabel("time to first token (s)")
-        ax.set_title(f"load {load:g}")
-        ax.grid(alpha=0.3, which="both")
+        _log_panel(ax, load, "time to first token (s)")
     axes[0].set_ylabel("fraction of requests")
     return _finish(plt, fig, axes, path)
 
@@ -62,11 +68,7 @@ def gap_ccdf(series: Mapping[float, Mapping[str, np.ndarray]], title: str, path:
             if len(gaps):
                 x, y = _ecdf(np.maximum(gaps, 1e-3))
                 ax.step(x, np.maximum(1.0 - y + 1.0 / x.size, 1e-6), where="post", label=name, lw=1.2)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("inter-delivery gap (ms)")
-        ax.set_title(f"load {load:g}")
-        ax.grid(alpha=0.3, which="both")
+        _log_panel(ax, load, "inter-delivery gap (ms)", log_y=True)
     axes[0].set_ylabel("fraction of gaps > x")
     return _finish(plt, fig, axes, path)
 
