@@ -17,6 +17,7 @@ from helios.scheduler.plan import (
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
 from helios.scheduler.planning import PlanningView, build_view
+from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
 from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
@@ -293,6 +294,33 @@ class Scheduler:
         for r in [self.requests[lane.handle] for lane in frame.plan.lanes if lane.handle in self.requests]:
             self._retire_if_idle(r)
         return out
+
+    # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------
+    def is_live(self, handle: RequestHandle) -> bool:
+        return handle in self.requests
+
+    def snapshot(self) -> SchedulerSnapshot:
+        live = [r for r in self.requests.values() if r.phase is not Phase.DONE]
+        running = sum(1 for r in live if r.slot is not None)
+        s = self.stats
+        return SchedulerSnapshot(
+            self.now_ns, running, len(live) - running,
+            self.resources.free_slots, self.resources.total_slots,
+            self.resources.free_pages, self.resources.total_pages, len(self.queue),
+            {k.value: v for k, v in s.nanoseconds.items()}, {k.value: v for k, v in s.executions.items()},
+            dict(s.by_shape),
+            {sh: est for sh in self.catalog if (est := self.costs.estimate_ns(sh)) is not None},
+            {"programs": s.speculative_programs, "offered": s.speculative_offered,
+             "accepted": s.speculative_accepted, "emitted": s.speculative_emitted,
+             "learned_draws": s.speculative_learned_draws})
+
+    def seed_costs(self, samples, now_ns: int) -> None:
+        self.advance_to(now_ns)
+        for shape, values in samples.items():
+            if shape not in self.catalog:
+                raise HeliosError(f"cannot seed a cost for {shape.label()}: not in the catalog")
+            for ns in values:
+                self.costs.observe(shape, ns, now_ns)
 
     def published_output(self, handle: RequestHandle, fence: Fence) -> None:
         r = self.requests.get(handle)
