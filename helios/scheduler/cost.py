@@ -22,8 +22,6 @@ class CostEntry:
     estimate_ns: int = 0
     samples: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     last_valid_ns: int | None = None
-    last_attempt_ns: int | None = None
-    observations: int = 0
 
 
 def median(values) -> float:
@@ -75,11 +73,7 @@ class CostTable:
         e.samples.append(int(sample_ns))
         e.estimate_ns = max(1, int(round(median(e.samples))))
         e.last_valid_ns = now_ns
-        e.observations += 1
         return True
-
-    def attempted(self, shape: GraphShape, now_ns: int) -> None:
-        self.entry(shape).last_attempt_ns = now_ns
 
     def measured(self) -> dict[GraphShape, int]:
         return {s: e.estimate_ns for s, e in self._entries.items() if e.estimate_ns > 0}

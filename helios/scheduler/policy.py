@@ -127,7 +127,7 @@ def _feasible_prefix(order: np.ndarray, pool: LanePool, limit: int, budget: Budg
 def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Budget) -> list[Candidate]:
     """Each prompt capacity competes with the tokens it can actually consume."""
     n = len(pool.handles)
-    if n == 0:
+    if n == 0 or not shapes:
         return []
     by_chunk: dict[int, list[GraphShape]] = {}
     for s in shapes:

@@ -22,31 +22,18 @@ def _log(value: float) -> float:
     return math.log(value) if value > 0 else NEG_INF
 
 
-@dataclass(slots=True)
-class ServiceHistory:
-    """Physical service rates of one request: tokens/ms and deliveries/ms, as logs."""
+def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
+    """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d,  on scalars or arrays.
 
-    log_x: float
-    log_z: float | None = None  # None until the first published burst
-
-
-def logaddexp(a: float, b: float) -> float:
-    """Scalar log(e^a + e^b) in plain floats (numpy's scalar call costs more than the math)."""
-    hi, lo = (a, b) if a >= b else (b, a)
-    return hi + math.log1p(math.exp(lo - hi)) if lo > -math.inf else hi
-
-
-def ewma_log(log_rate: float, delta_ms: float, served: float, tau_ms: float) -> float:
-    """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d.
-
-    An unserved interval multiplies the rate by e^(-d/tau), so its price grows by e^(d/tau);
-    the logaddexp form is exact and cannot overflow however long the request waits.
+    The one EWMA of the scheduler: planning's projection, interval accounting and publication
+    all use it. An unserved interval (served = 0) multiplies the rate by e^(-d/tau) exactly,
+    so its price grows by e^(d/tau); the logaddexp form cannot overflow however long the
+    request waits. A NaN rate (no history) stays NaN.
     """
-    decayed = log_rate - delta_ms / tau_ms
-    if served <= 0:
-        return decayed
-    fresh = math.log(-math.expm1(-delta_ms / tau_ms)) + math.log(served / delta_ms)
-    return logaddexp(decayed, fresh)
+    decay = np.divide(delta_ms, tau_ms)
+    with np.errstate(divide="ignore"):
+        log_keep = np.log(-np.expm1(-decay) / delta_ms)  # log((1 - e^(-d/tau)) / d)
+        return np.logaddexp(np.subtract(log_rate, decay), np.add(log_keep, np.log(served)))
 
 
 @dataclass(frozen=True, slots=True)
