@@ -30,7 +30,7 @@ from helios.scheduler.core import Scheduler
 from helios.scheduler.lanes import ordinary_lanes, requires_feedback as feedback_rule
 from helios.scheduler.cost import CostState
 from helios.scheduler.plan import NO_SLOT, ScheduledPlan, SelectionReason
-from helios.scheduler.requests import Phase
+from helios.scheduler.requests import DECODE, PREFILL
 
 Rows = list[tuple[int, int]]  # (request table row, prompt tokens); 0 prompt tokens = a decode row
 
@@ -118,15 +118,15 @@ class BaselineScheduler(Scheduler):
 
     def running_decodes(self) -> list[int]:
         limit = self.config.max_context
-        return self._rows(lambda t, r: (t.phase[r] == Phase.DECODE) & (t.output_left(r) > 0)
+        return self._rows(lambda t, r: (t.phase[r] == DECODE) & (t.output_left(r) > 0)
                           & (t.context_tokens(r) < limit))
 
     def resident_prefills(self) -> list[int]:
-        return self._rows(lambda t, r: (t.phase[r] == Phase.PREFILL) & (t.slot[r] != NO_SLOT)
+        return self._rows(lambda t, r: (t.phase[r] == PREFILL) & (t.slot[r] != NO_SLOT)
                           & (t.prompt_left(r) > 0) & (t.queued_prompt[r] == 0))
 
     def waiting(self) -> list[int]:
-        return self._rows(lambda t, r: (t.phase[r] == Phase.PREFILL) & (t.slot[r] == NO_SLOT)
+        return self._rows(lambda t, r: (t.phase[r] == PREFILL) & (t.slot[r] == NO_SLOT)
                           & (t.queued_prompt[r] == 0))
 
     def resident_count(self) -> int:

@@ -32,7 +32,7 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.plan import ScheduledPlan
 from helios.scheduler.policy import best, decode_candidates
-from helios.scheduler.requests import Phase
+from helios.scheduler.requests import DECODE
 
 TTL_NS = 30_000_000_000
 KEEP = 7 / 8  # new = KEEP * old + (1 - KEEP) * sample
@@ -117,7 +117,7 @@ class DirectScheduler(BaselineScheduler):
         now = self.now_ns
         if not self.queue.accepts_more(now):
             return None
-        decoders = bool((self.requests.phase == Phase.DECODE).any())
+        decoders = bool((self.requests.phase == DECODE).any())
         chunk = self.fcfs_prefill(self.prefill_budget) if self._last_decode or not decoders else None
         if chunk is not None:
             # Prefill needs an empty window: wait for the queued rounds to drain.

@@ -105,7 +105,6 @@ class VTCScheduler(BaselineScheduler):
         slots, pages = self.resources.free_slots, self.resources.free_pages
         running, tokens, kind = self.resident_count(), 0, None
         batch: list[int] = []
-        specs = self.requests.specs
         while queues:
             # Rows of one client are in arrival order; across clients, the handle orders them.
             client = min(queues, key=lambda c: (counters.get(c, 0.0), int(self.requests.handle[queues[c][0]])))

@@ -56,36 +56,32 @@ class Publications:
     def __init__(self, table: RequestTable, tau_ms: float):
         self.table = table
         self.tau_ms = tau_ms
-        self._rows: list[int] = []
-        self._fences: list[Fence] = []
-        self._times: list[int] = []
-
-    def report(self, row: int, fence: Fence, now_ns: int) -> None:
-        self._rows.append(row)
-        self._fences.append(fence)
-        self._times.append(now_ns)
+        # (row, fence, time) in report order; the scheduler appends to it directly.
+        self.reported: list[tuple[int, Fence, int]] = []
 
     def flush(self) -> None:
         """Publication resets the output age; the publication of the frame a request's pending
         delivery came from replaces that interval's zero delivery with one. A late publication
         resets age but never rewinds later service."""
-        if not self._rows:
+        if not self.reported:
             return
         t = self.table
-        rows = np.array(self._rows, dtype=np.int64)
-        fences = np.array(self._fences, dtype=np.int64)
-        times = np.array(self._times, dtype=np.int64)
-        self._rows, self._fences, self._times = [], [], []
+        rows, fences, times = np.array(self.reported, dtype=np.int64).T
+        self.reported = []
         t.last_publication_ns[rows] = times  # nondecreasing: the last report of a row wins
         t.has_publication[rows] = True
-        match = t.has_pending[rows] & (t.pending_fence[rows] == fences)
-        rows = np.unique(rows[match])  # a pending delivery resolves once
+        rows = rows[t.has_pending[rows] & (t.pending_fence[rows] == fences)]
         if not len(rows):
             return
+        if len(rows) > 1:
+            rows = np.fromiter(dict.fromkeys(rows.tolist()), np.int64)  # a pending delivery resolves once
+        t.has_pending[rows] = False
         before = t.pending_log_z[rows]
         delta = t.pending_delta_ms[rows]
         first = np.isnan(before)
         # The first burst is one delivery over its frame; later ones fold one delivery in.
-        with np.errstate(invalid="ignore"):
-            t.log_z[rows] = np.where(first, -np.log(delta), ewma_log(before, delta, 1.0, self.tau_ms))
-        t.has_pending[rows] = False
+        if first.any():
+            t.log_z[rows[first]] = -np.log(delta[first])
+            later = ~first
+            rows, before, delta = rows[later], before[later], delta[later]
+        t.log_z[rows] = ewma_log(before, delta, 1.0, self.tau_ms)

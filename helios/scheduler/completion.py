@@ -13,7 +13,7 @@ from helios.graphs import GraphKind
 from helios.scheduler.accounting import account_interval
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason
 from helios.scheduler.queue import ExecutionQueue, Frame
-from helios.scheduler.requests import Phase, RequestTable
+from helios.scheduler.requests import DONE, RequestTable
 
 
 @dataclass(slots=True)
@@ -64,7 +64,7 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
     if not isinstance(records, (list, tuple)) or len(records) != len(lanes):
         raise InvalidCompletion(f"fence {fence} has {len(lanes)} lanes; got {len(records) if isinstance(records, (list, tuple)) else records!r}")
     speculative = head.plan.shape.kind is GraphKind.SPECULATIVE
-    live = table.phase[head.rows] != Phase.DONE
+    live = table.phase[head.rows] != DONE
     records = list(records)
     fast = {type(r) for r in records} <= {CompletionRecord}
     if fast:
@@ -178,7 +178,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     t.inflight[rows] -= 1
     t.version[rows] += 1
     # Cancelled or already finished lanes: their results are discarded.
-    act = (t.phase[rows] != Phase.DONE) & (t.epoch[rows] == lanes.epoch)
+    act = (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
     r = rows[act]
     n = counts[act]
     first = (t.output_done[r] == 0) & (n > 0)
@@ -191,10 +191,12 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     length = t.output_done[r] >= t.max_output[r]
     context = t.prompt_done[r] + t.output_done[r] >= sched.config.max_context
     finishing = eos | length | context
-    for i in np.flatnonzero(finishing).tolist():
+    finished = np.flatnonzero(finishing).tolist()
+    for i in finished:
         reason = FinishReason.EOS if eos[i] else FinishReason.LENGTH if length[i] else FinishReason.CONTEXT
         t.set_finish(int(r[i]), reason)
-    t.update_phase(r)
+    if finished or lanes.prompt_tokens.any():  # only a finish or prompt progress moves a phase
+        t.update_phase(r)
     lane_index = np.flatnonzero(act)
     if speculative:
         for i, row in zip(lane_index.tolist(), r.tolist()):

@@ -21,7 +21,7 @@ from helios.scheduler.plan import (
 from helios.scheduler.planning import PlanningView, build_view
 from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
-from helios.scheduler.requests import Phase, RequestRow, RequestTable
+from helios.scheduler.requests import DONE, RequestRow, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.service import PriceCoefficients
@@ -110,7 +110,7 @@ class Scheduler:
             if handle in self._retired_set:
                 return  # cancelling a finished request is a no-op
             raise UnknownRequest(f"unknown request handle {handle}")
-        if t.phase[row] == Phase.DONE:
+        if t.phase[row] == DONE:
             return
         t.cancelled[row] = True
         t.set_finish(row, reason)
@@ -122,7 +122,7 @@ class Scheduler:
     def _retire_idle(self, rows) -> None:
         t = self.requests
         rows = np.asarray(rows, dtype=np.int64)
-        for row in rows[(t.phase[rows] == Phase.DONE) & (t.inflight[rows] == 0)].tolist():
+        for row in rows[(t.phase[rows] == DONE) & (t.inflight[rows] == 0)].tolist():
             handle = int(t.handle[row])
             self.resources.release(t, row)
             t.remove(row)
@@ -231,10 +231,10 @@ class Scheduler:
         if None in found:
             raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
         rows = np.array(found, dtype=np.int64)
-        bad = (t.phase[rows] == Phase.DONE) | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
+        bad = (t.phase[rows] == DONE) | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
         if bad.any():
             i = int(np.argmax(bad))
-            what = "is no longer runnable" if t.phase[rows[i]] == Phase.DONE else "changed since planning"
+            what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
             raise StalePlan(f"request {lanes.handle[i]} {what}")
         newcomers = rows[t.slot[rows] == NO_SLOT]
         need = int(self.resources.extent_pages_of(t, newcomers).sum())
@@ -251,7 +251,7 @@ class Scheduler:
         t.inflight[rows] += 1
         t.version[rows] += 1
         t.last_served_seq[rows] = self._decisions
-        participants = np.flatnonzero(t.phase != Phase.DONE)  # resident runnable and waiting
+        participants = np.flatnonzero(t.phase != DONE)  # resident runnable and waiting
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                               t.handle[participants], t.epoch[participants]))
         self._last_fence = fence
@@ -295,7 +295,7 @@ class Scheduler:
 
     def snapshot(self) -> SchedulerSnapshot:
         t = self.requests
-        live = t.phase != Phase.DONE
+        live = t.phase != DONE
         running = int((live & (t.slot != NO_SLOT)).sum())
         s = self.stats
         return SchedulerSnapshot(
@@ -325,4 +325,6 @@ class Scheduler:
             if handle in self._retired_set:
                 return
             raise UnknownRequest(f"unknown request handle {handle}")
-        self.publications.report(row, fence, self.now_ns)
+        if type(fence) is not int:
+            raise InvalidRequest(f"a publication names an integer fence, got {fence!r}")
+        self.publications.reported.append((row, fence, self.now_ns))

@@ -12,7 +12,7 @@ from helios.graphs import GraphKind
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import LanePool
 from helios.scheduler.queue import ExecutionQueue
-from helios.scheduler.requests import Phase, RequestTable
+from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.service import PriceCoefficients, ewma_log, log_prices
 from helios.scheduler.utility import reference_interval_ms, shared_log_scale
@@ -72,9 +72,9 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     lp, lo, ld = log_prices(log_x, log_z, coeff)
     phase = t.phase[rows]
     handles = t.handle[rows]
-    active = phase == Phase.DECODE
+    active = phase == DECODE
     dec = np.flatnonzero(active & (t.output_left(rows) > 0) & (t.context_tokens(rows) < max_context))
-    pre = np.flatnonzero((phase == Phase.PREFILL) & (t.queued_prompt[rows] == 0) & (t.prompt_left(rows) > 0))
+    pre = np.flatnonzero((phase == PREFILL) & (t.queued_prompt[rows] == 0) & (t.prompt_left(rows) > 0))
     if len(dec) > max_lanes:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
     if len(pre) > max_lanes:
@@ -92,8 +92,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     ref = np.where(has_delivery[dec], delivery_ns[dec], t.last_publication_ns[drows])
     known = has_delivery[dec] | t.has_publication[drows]
     ages = np.where(known, np.maximum(0, start_ns - ref) / 1e6, 0.0)
-    with np.errstate(over="ignore"):
-        base = np.exp(lo[dec] - scale) + np.exp(ld[dec] - scale) + c_sigma * ages
+    # The scale is the largest of these logs, so no exponent overflows.
+    base = np.exp(lo[dec] - scale) + np.exp(ld[dec] - scale) + c_sigma * ages
     decode = LanePool(handles[dec], t.last_served_seq[drows], t.slot[drows], base, age_slope=c_sigma)
     if speculation is not None:
         _add_speculation(decode, t, drows, np.exp(lo[dec] - scale), speculation, policy, max_context)

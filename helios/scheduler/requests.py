@@ -25,6 +25,10 @@ class Phase(IntEnum):
     DONE = 2  # finished or cancelled; resources held until the last fence
 
 
+# The phase column's codes as plain ints: numpy compares them without probing an enum member.
+PREFILL, DECODE, DONE = (int(p) for p in Phase)
+
+
 _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "prompt_done", "output_done",
                 "queued_prompt", "queued_output", "slot", "pages", "inflight", "last_served_seq",
                 "last_publication_ns", "pending_fence")
@@ -92,7 +96,7 @@ class RequestTable:
             new = np.zeros(capacity, dtype=col.dtype)
             new[:old] = col
             setattr(self, name, new)
-        self.phase[old:] = Phase.DONE  # a free row is never live
+        self.phase[old:] = DONE  # a free row is never live
         self.specs += [None] * (capacity - old)
         self.speculation.grow(capacity)
         self.finish += [None] * (capacity - old)
@@ -132,7 +136,7 @@ class RequestTable:
     def remove(self, row: int) -> None:
         del self.index[int(self.handle[row])]
         self.occupied[row] = False
-        self.phase[row] = Phase.DONE
+        self.phase[row] = DONE
         self.specs[row] = None
         self._free.append(row)
 
@@ -169,7 +173,7 @@ class RequestTable:
     def live_rows(self) -> np.ndarray:
         """Rows of live (not done) requests in admission order: every tie-break that falls
         through to position sees the same order as a handle-ordered list."""
-        rows = np.flatnonzero(self.phase != Phase.DONE)
+        rows = np.flatnonzero(self.phase != DONE)
         return rows[np.argsort(self.handle[rows], kind="stable")]
 
     def prompt_left(self, rows) -> np.ndarray:
@@ -204,4 +208,4 @@ class RequestTable:
         rows = np.asarray(rows, dtype=np.int64)
         done = self.cancelled[rows] | self.finished[rows]
         decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
-        self.phase[rows] = np.where(done, Phase.DONE, np.where(decode, Phase.DECODE, Phase.PREFILL))
+        self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))

@@ -31,9 +31,11 @@ def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
     request waits. A NaN rate (no history) stays NaN.
     """
     decay = np.divide(delta_ms, tau_ms)
-    with np.errstate(divide="ignore"):
-        log_keep = np.log(-np.expm1(-decay) / delta_ms)  # log((1 - e^(-d/tau)) / d)
-        return np.logaddexp(np.subtract(log_rate, decay), np.add(log_keep, np.log(served)))
+    log_keep = np.log(-np.expm1(-decay) / delta_ms)  # log((1 - e^(-d/tau)) / d)
+    served = np.asarray(served, dtype=float)
+    log_served = np.full(served.shape, NEG_INF)  # log 0, without a divide-by-zero warning
+    np.log(served, out=log_served, where=served > 0)
+    return np.logaddexp(np.subtract(log_rate, decay), log_keep + log_served)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,9 +58,9 @@ def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients):
 
     Requests without a delivery history carry NaN in log_z and get a zero delivery price.
     """
-    with np.errstate(invalid="ignore"):
-        fair = k.log_f - log_x  # log(f/x)
-        prefill = np.logaddexp(0.0, fair)  # log(1 + f/x)
-        output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
-        delivery = np.where(np.isnan(log_z), NEG_INF, k.log_g - log_z)  # log(g/z)
+    fair = k.log_f - log_x  # log(f/x); rates are finite, so no inf - inf
+    prefill = np.logaddexp(0.0, fair)  # log(1 + f/x)
+    output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
+    delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
+    delivery[np.isnan(log_z)] = NEG_INF
     return prefill, output, delivery

@@ -30,12 +30,12 @@ class FixedCosts:
         return int(self.table[shape] * MS)
 
 
-def make(table: dict, *, measured=True, policy=None, config=None, now=0) -> Scheduler:
-    """Scheduler over `table`'s shapes; `measured` seeds every cost with one observation."""
+def make(table: dict, *, measured=True, policy=None, config=None, now=0, unmeasured=()) -> Scheduler:
+    """Scheduler over `table`'s shapes; `measured` seeds every cost but `unmeasured` with one
+    observation."""
     s = Scheduler(Catalog(table), policy or PolicyConfig(), config or SchedulerConfig())
     if measured:
-        for shape, ms in table.items():
-            s.costs.observe(shape, int(ms * MS), now)
+        s.seed_costs({shape: [int(ms * MS)] for shape, ms in table.items() if shape not in unmeasured}, now)
     return s
 
 
@@ -114,7 +114,7 @@ def digest(s: Scheduler):
     """Everything a completion may change, for 'state unchanged' assertions."""
     return (
         table_digest(s.requests),
-        (list(s.publications._rows), list(s.publications._fences), list(s.publications._times)),
+        list(s.publications.reported),
         repr(s.speculation.acceptance_prior[s.source].means.tobytes()),
         s.queue.fences(),
         repr(sorted((k.label(), e.estimate_ns, tuple(e.samples), e.last_valid_ns) for k, e in s.costs._entries.items())),

@@ -159,8 +159,7 @@ def test_output_gap_raises_delivery_value_but_serves_everyone():
 
 def test_unknown_duration_wins_over_measured_and_ranks_by_value():
     table = dict(CATALOG)
-    s = make(table)
-    s.costs._entries.pop(decode(16))
+    s = make(table, unmeasured={decode(16)})
     for _ in range(12):
         s.admit(spec(prompt=64), 0)
     d = Driver(s, FixedCosts(table))

@@ -56,8 +56,7 @@ def test_feedback_dependent_winner_is_not_displaced_by_queueable_work():
 
 def test_unknown_cost_requires_an_empty_queue_and_feedback():
     table = dict(TABLE)
-    s, hs, d = decoding(3, table)
-    s.costs._entries.pop(decode(4))
+    s, hs, d = decoding(3, table, unmeasured={decode(4)})
     p = s.plan()
     assert p.shape == decode(4) and p.requires_feedback
     s.commit(p, 100)
