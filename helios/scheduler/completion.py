@@ -80,8 +80,8 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         counts = np.fromiter(map(len, tokens), np.int64, len(tokens))
         eos = np.fromiter((r.eos for r in records), bool, len(records))
         rows = lanes.output_rows
-        fast = plain and not np.any(eos & (counts == 0)) and (
-            speculative or not np.any((counts > rows) | (live & (counts != rows))))
+        fast = plain and not (eos & (counts == 0)).any() and (
+            speculative or not ((counts > rows) | (live & (counts != rows))).any())
     if not fast:
         _first_problem(lanes, records, live, speculative)  # raises, unless only the types differ
         counts = np.fromiter((len(r.tokens) for r in records), np.int64, len(records))
@@ -191,18 +191,18 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     length = t.output_done[r] >= t.max_output[r]
     context = t.prompt_done[r] + t.output_done[r] >= sched.config.max_context
     finishing = eos | length | context
-    finished = np.flatnonzero(finishing).tolist()
+    finished = finishing.nonzero()[0].tolist()
     for i in finished:
         reason = FinishReason.EOS if eos[i] else FinishReason.LENGTH if length[i] else FinishReason.CONTEXT
         t.set_finish(int(r[i]), reason)
     if finished or lanes.prompt_tokens.any():  # only a finish or prompt progress moves a phase
         t.update_phase(r)
-    lane_index = np.flatnonzero(act)
+    lane_index = act.nonzero()[0]
     if speculative:
         for i, row in zip(lane_index.tolist(), r.tolist()):
             _learn_round(sched, frame, lanes[i], records[i], row, confidence, survival)
     fence, handles, out = frame.fence, t.handle, []
-    emit = np.flatnonzero((n > 0) | finishing).tolist()
+    emit = ((n > 0) | finishing).nonzero()[0].tolist()
     if emit:
         finish, firsts, plain = t.finish, first.tolist(), checked.plain_ints
         for i, j, row in zip(emit, lane_index[emit].tolist(), r[emit].tolist()):

@@ -251,7 +251,7 @@ class Scheduler:
         t.inflight[rows] += 1
         t.version[rows] += 1
         t.last_served_seq[rows] = self._decisions
-        participants = np.flatnonzero(t.phase != DONE)  # resident runnable and waiting
+        participants = (t.phase != DONE).nonzero()[0]  # resident runnable and waiting
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                               t.handle[participants], t.epoch[participants]))
         self._last_fence = fence

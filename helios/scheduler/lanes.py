@@ -14,6 +14,21 @@ from helios.scheduler.plan import PlanLanes
 from helios.scheduler.requests import RequestTable
 
 
+def _filled(value, dtype):
+    arr = np.full(256, value, dtype=dtype)
+    arr.setflags(write=False)
+    return arr
+
+
+# Constant lane columns as read-only slices of shared arrays (no allocation per plan).
+_CONSTANTS = {(v, np.dtype(d).char): _filled(v, d) for v in (0, 1) for d in (np.int64, np.float64, np.bool_)}
+
+
+def _const(value, dtype, n: int) -> np.ndarray:
+    arr = _CONSTANTS[(value, np.dtype(dtype).char)]
+    return arr[:n] if n <= len(arr) else np.full(n, value, dtype=dtype)
+
+
 def _common(t: RequestTable, rows: np.ndarray) -> dict:
     cursor = t.prompt_done[rows] + t.queued_prompt[rows]
     return dict(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
@@ -23,11 +38,11 @@ def _common(t: RequestTable, rows: np.ndarray) -> dict:
 def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = None) -> PlanLanes:
     """One output row per lane; `values` are the scaled lane values (zero for baselines)."""
     n = len(rows)
-    ones = np.ones(n, dtype=np.int64)
+    ones, one = _const(1, np.int64, n), _const(1, np.float64, n)
     # A host-feedback request with a fence in flight needs that fence's result first.
-    return PlanLanes(**_common(t, rows), prompt_tokens=np.zeros(n, dtype=np.int64), output_rows=ones,
-                     expected_tokens=np.ones(n), expected_deliveries=np.ones(n),
-                     value=np.zeros(n) if values is None else values,
+    return PlanLanes(**_common(t, rows), prompt_tokens=_const(0, np.int64, n), output_rows=ones,
+                     expected_tokens=one, expected_deliveries=one,
+                     value=_const(0, np.float64, n) if values is None else values,
                      needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=ones)
 
 
@@ -38,17 +53,17 @@ def prefill_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanL
     works = np.asarray(works, dtype=np.int64)
     finishes = (works == t.prompt_left(rows)).astype(np.int64)
     return PlanLanes(**_common(t, rows), prompt_tokens=works, output_rows=finishes,
-                     expected_tokens=(works + finishes).astype(float), expected_deliveries=np.zeros(n),
-                     value=np.zeros(n), needs_feedback=np.zeros(n, dtype=bool),
-                     predicted_rows=np.ones(n, dtype=np.int64))
+                     expected_tokens=(works + finishes).astype(float), expected_deliveries=_const(0, np.float64, n),
+                     value=_const(0, np.float64, n), needs_feedback=_const(0, np.bool_, n),
+                     predicted_rows=_const(1, np.int64, n))
 
 
 def speculative_lanes(t: RequestTable, rows: np.ndarray, bounds: np.ndarray, expected: np.ndarray,
                       values: np.ndarray, predicted: np.ndarray) -> PlanLanes:
     """A queued lane can advance by at most `bounds` = min(ceiling, P) tokens."""
     n = len(rows)
-    return PlanLanes(**_common(t, rows), prompt_tokens=np.zeros(n, dtype=np.int64), output_rows=bounds,
-                     expected_tokens=expected, expected_deliveries=np.ones(n), value=values,
+    return PlanLanes(**_common(t, rows), prompt_tokens=_const(0, np.int64, n), output_rows=bounds,
+                     expected_tokens=expected, expected_deliveries=_const(1, np.float64, n), value=values,
                      needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=predicted)
 
 

@@ -72,9 +72,12 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     lp, lo, ld = log_prices(log_x, log_z, coeff)
     phase = t.phase[rows]
     handles = t.handle[rows]
+    cursor = t.prompt_done[rows] + t.queued_prompt[rows]
+    produced = t.output_done[rows] + t.queued_output[rows]
     active = phase == DECODE
-    dec = np.flatnonzero(active & (t.output_left(rows) > 0) & (t.context_tokens(rows) < max_context))
-    pre = np.flatnonzero((phase == PREFILL) & (t.queued_prompt[rows] == 0) & (t.prompt_left(rows) > 0))
+    # Decoders with output and context left; prompts with unqueued tokens and nothing queued.
+    dec = (active & (produced < t.max_output[rows]) & (cursor + produced < max_context)).nonzero()[0]
+    pre = ((phase == PREFILL) & (t.queued_prompt[rows] == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
     if len(dec) > max_lanes:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
     if len(pre) > max_lanes:
@@ -83,14 +86,16 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     scale = shared_log_scale(lo[dec], ld[dec], lp[pre], lo[pre])
     s = math.exp(-scale)
     c = policy.decode_age_price
-    n_active = int(active.sum())
+    n_active = int(np.count_nonzero(active))
     sigma = reference_interval_ms(decode_costs, n_active, n_active)
     c_sigma = c * sigma * s if sigma is not None else 0.0
 
     drows = rows[dec]
     # A queued expected delivery restarts the projected age at its expected time.
-    ref = np.where(has_delivery[dec], delivery_ns[dec], t.last_publication_ns[drows])
-    known = has_delivery[dec] | t.has_publication[drows]
+    ref, known = t.last_publication_ns[drows], t.has_publication[drows]
+    if len(queue):
+        ref = np.where(has_delivery[dec], delivery_ns[dec], ref)
+        known = known | has_delivery[dec]
     ages = np.where(known, np.maximum(0, start_ns - ref) / 1e6, 0.0)
     # The scale is the largest of these logs, so no exponent overflows.
     base = np.exp(lo[dec] - scale) + np.exp(ld[dec] - scale) + c_sigma * ages

@@ -173,7 +173,7 @@ class RequestTable:
     def live_rows(self) -> np.ndarray:
         """Rows of live (not done) requests in admission order: every tie-break that falls
         through to position sees the same order as a handle-ordered list."""
-        rows = np.flatnonzero(self.phase != DONE)
+        rows = (self.phase != DONE).nonzero()[0]
         return rows[np.argsort(self.handle[rows], kind="stable")]
 
     def prompt_left(self, rows) -> np.ndarray:
@@ -194,7 +194,7 @@ class RequestTable:
         the endpoint taken after the queued cursor."""
         rows = np.asarray(rows, dtype=np.int64)
         ends = self.prompt_tokens[rows].copy()
-        for i in np.flatnonzero(self.has_endpoints[rows]).tolist():
+        for i in self.has_endpoints[rows].nonzero()[0].tolist():
             r = int(rows[i])
             cursor = int(self.prompt_done[r] + self.queued_prompt[r])
             ends[i] = next((e for e in self.specs[r].endpoints if e > cursor), ends[i])

@@ -63,7 +63,7 @@ def shared_log_scale(*log_arrays: np.ndarray) -> float:
     best = -math.inf
     for arr in log_arrays:
         if len(arr):
-            m = float(np.max(arr))
+            m = float(arr.max())
             if m > best:
                 best = m
     return best if math.isfinite(best) else 0.0
