@@ -47,7 +47,7 @@ class _Average:
 class MovingAverageCost:
     """Graph costs as a 7/8 moving average that reverts to unmeasured after `ttl_ns`.
 
-    Offers the `CostTable` interface the Helios scheduler core uses (observe, state,
+    Offers the `CostTable` interface the Helios scheduler core uses (observe, lookup, state,
     estimate_ns, observation_age_ns, measured); `estimate_ns` without a time uses
     the latest time passed to `advance_to` or `observe`.
     """
@@ -84,6 +84,10 @@ class MovingAverageCost:
     def estimate_ns(self, shape: GraphShape, now_ns: int | None = None) -> int | None:
         e = self._valid(shape, now_ns)
         return None if e is None else max(1, int(round(e.estimate_ns)))
+
+    def lookup(self, shape: GraphShape, now_ns: int) -> tuple[int | None, CostState]:
+        est = self.estimate_ns(shape, now_ns)
+        return est, CostState.UNKNOWN if est is None else CostState.FRESH
 
     def state(self, shape: GraphShape, now_ns: int | None = None) -> CostState:
         return CostState.UNKNOWN if self._valid(shape, now_ns) is None else CostState.FRESH

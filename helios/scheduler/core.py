@@ -206,8 +206,8 @@ class Scheduler:
 
     def _cost_lookup(self, now: int):
         def lookup(shape):
-            t = self.costs.estimate_ns(shape)
-            return (None if t is None else t / 1e6), self.costs.state(shape, now)
+            t, state = self.costs.lookup(shape, now)
+            return (None if t is None else t / 1e6), state
         return lookup
 
     def seed_acceptance(self, survival, source: ProposalSource | None = None) -> None:

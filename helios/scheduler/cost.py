@@ -65,6 +65,13 @@ class CostTable:
             return CostState.STALE
         return CostState.FRESH
 
+    def lookup(self, shape: GraphShape, now_ns: int) -> tuple[int | None, CostState]:
+        """`estimate_ns` and `state` in one lookup (every candidate asks for both)."""
+        e = self._get(shape)
+        if e is None or e.estimate_ns <= 0:
+            return None, CostState.UNKNOWN
+        return e.estimate_ns, CostState.STALE if now_ns - e.last_valid_ns > self.ttl_ns else CostState.FRESH
+
     def estimate_ns(self, shape: GraphShape) -> int | None:
         """Measured estimate, kept for ranking even when stale; None when indeterminate."""
         e = self._get(shape)

@@ -9,6 +9,7 @@ the value rate with the spec's tie-break order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from operator import neg
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
     # Unknown first; then value (rate); then shorter known time, more requests served,
     # less recently used requests, smaller padding; finally a stable shape order.
     c.key = (c.t_ms is None, c.score, -(c.t_ms or 0.0), n, -c.lru, -c.padding,
-             tuple(-x for x in c.shape.capacities()))
+             tuple(map(neg, c.shape.capacities())))
     return c
 
 
