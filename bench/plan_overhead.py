@@ -1,6 +1,7 @@
 """Scheduler cost per decision (plan + commit + complete + publish) at 1, 4, 16 and 64 active
 requests on a catalog of over 100 graphs, printed as a ratio to the catalog's shortest decode
-graph. Run: .venv/bin/python bench/plan_overhead.py [iterations]"""
+graph, then the split of the decision between plan, commit, complete and publish at 64.
+Run: PYTHONPATH=. .venv/bin/python bench/plan_overhead.py [iterations]"""
 
 import sys
 

@@ -7,6 +7,8 @@ one EWMA of `service.ewma_log`, on the table's columns.
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from helios.scheduler.plan import Fence
@@ -66,7 +68,8 @@ class Publications:
         if not self.reported:
             return
         t = self.table
-        rows, fences, times = np.array(self.reported, dtype=np.int64).T
+        n = len(self.reported)
+        rows, fences, times = np.fromiter(chain.from_iterable(self.reported), np.int64, 3 * n).reshape(n, 3).T
         self.reported = []
         t.last_publication_ns[rows] = times  # nondecreasing: the last report of a row wins
         t.has_publication[rows] = True

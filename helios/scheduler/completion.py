@@ -173,16 +173,21 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     # Each successful frame with a positive device interval is one measured interval.
     if timing.device_interval_ns() is not None:
         account_interval(t, frame, lanes.prompt_tokens + counts, counts, raw / 1e6, sched.policy.adaptation_ms)
-    t.queued_prompt[rows] -= lanes.prompt_tokens
+    prompt = lanes.prompt_tokens.any()
+    if prompt:
+        t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows
     t.inflight[rows] -= 1
     t.version[rows] += 1
     # Cancelled or already finished lanes: their results are discarded.
     act = (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
-    r = rows[act]
-    n = counts[act]
+    if act.all():
+        r, n, lane_index = rows, counts, range(len(rows))
+    else:
+        r, n, lane_index = rows[act], counts[act], act.nonzero()[0].tolist()
     first = (t.output_done[r] == 0) & (n > 0)
-    t.prompt_done[r] += lanes.prompt_tokens[act]
+    if prompt:
+        t.prompt_done[r] += lanes.prompt_tokens[act]
     t.output_done[r] += n
     provisional = r[(n > 0) & ~t.has_publication[r]]  # provisional until the runtime publishes
     t.last_publication_ns[provisional] = now
@@ -195,21 +200,18 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     for i in finished:
         reason = FinishReason.EOS if eos[i] else FinishReason.LENGTH if length[i] else FinishReason.CONTEXT
         t.set_finish(int(r[i]), reason)
-    if finished or lanes.prompt_tokens.any():  # only a finish or prompt progress moves a phase
+    if finished or prompt:  # only a finish or prompt progress moves a phase
         t.update_phase(r)
-    lane_index = act.nonzero()[0]
+    rl = r.tolist()
     if speculative:
-        for i, row in zip(lane_index.tolist(), r.tolist()):
-            _learn_round(sched, frame, lanes[i], records[i], row, confidence, survival)
-    fence, handles, out = frame.fence, t.handle, []
-    emit = ((n > 0) | finishing).nonzero()[0].tolist()
-    if emit:
-        finish, firsts, plain = t.finish, first.tolist(), checked.plain_ints
-        for i, j, row in zip(emit, lane_index[emit].tolist(), r[emit].tolist()):
-            tokens = records[j].tokens
-            out.append(GeneratedToken(int(handles[row]), fence, tokens if plain else tuple(map(int, tokens)),
-                                      finish[row], firsts[i]))
-    return out
+        for j, row in zip(lane_index, rl):
+            _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
+    fence, finish, plain = frame.fence, t.finish, checked.plain_ints
+    return [GeneratedToken(h, fence, records[j].tokens if plain else tuple(map(int, records[j].tokens)),
+                           finish[row], fi)
+            for h, j, row, fi, e in zip(t.handle[r].tolist(), lane_index, rl, first.tolist(),
+                                        ((n > 0) | finishing).tolist())
+            if e]
 
 
 def _learn_round(sched, frame, lane, rec, row: int, confidence, survival) -> None:

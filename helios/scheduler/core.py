@@ -236,12 +236,15 @@ class Scheduler:
             i = int(np.argmax(bad))
             what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
             raise StalePlan(f"request {lanes.handle[i]} {what}")
-        newcomers = rows[t.slot[rows] == NO_SLOT]
-        need = int(self.resources.extent_pages_of(t, newcomers).sum())
-        if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
-            raise StalePlan("not enough free slots or pages for the plan's new requests")
+        new = t.slot[rows] == NO_SLOT
+        newcomers = rows[new] if new.any() else None
+        if newcomers is not None:
+            need = int(self.resources.extent_pages_of(t, newcomers).sum())
+            if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
+                raise StalePlan("not enough free slots or pages for the plan's new requests")
         # Validated: mutate.
-        self.resources.acquire(t, newcomers)
+        if newcomers is not None:
+            self.resources.acquire(t, newcomers)
         isolated = not len(self.queue)
         start = self.queue.expected_end_ns(now)
         end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns

@@ -12,7 +12,6 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from helios.engine.stream import RequestStream
-from helios.scheduler.requests import Phase
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -76,7 +75,7 @@ def snapshot(runtime) -> dict:
 
 def _copy(s, runtime_stats) -> dict:
     stats = s.stats
-    live = [r for r in s.requests.values() if r.phase is not Phase.DONE]
+    live = s.snapshot()
     costs = getattr(s, "costs", None)
     return {
         "nanoseconds": {k.value: v for k, v in stats.nanoseconds.items()},
@@ -86,8 +85,8 @@ def _copy(s, runtime_stats) -> dict:
         "wall_ns": dict(runtime_stats.wall_ns_by_shape),
         "estimates": {(sh.kind.value, sh.label()): est for sh in s.catalog
                       if costs is not None and (est := costs.estimate_ns(sh)) is not None},
-        "running": sum(1 for r in live if r.slot is not None),
-        "waiting": sum(1 for r in live if r.slot is None),
+        "running": live.running,
+        "waiting": live.waiting,
         "free_slots": s.resources.free_slots,
         "total_slots": s.resources.total_slots,
         "free_pages": s.resources.free_pages,
