@@ -32,7 +32,7 @@ import torch
 from helios.config import PolicyConfig
 from helios.engine.model import KVCache
 from helios.engine.torch_core import TorchCore, load_model
-from helios.engine.torch_driver import SyncDriver
+from helios.runtime.driver import SyncDriver
 from helios.scheduler import Scheduler
 
 QUESTIONS = [

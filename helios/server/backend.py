@@ -127,8 +127,8 @@ def _torch_backend(options, policy, speculation, chunks) -> Backend:
         # Real replays of every prepared graph (padding rows only) seed the cost table, so the
         # first requests are not spent discovering graph costs one at a time. Later samples
         # replace these through the median window. The runtime's clock is the monotonic one.
-        for shape, ns in core.warmup(repeats=1).items():
-            scheduler.costs.observe(shape, ns, time.monotonic_ns())
+        samples = {shape: [ns] for shape, ns in core.warmup(repeats=1).items()}
+        scheduler.seed_costs(samples, time.monotonic_ns())
     # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
     model_id = path.name.split(".")[0] or path.stem
     return Backend(scheduler, core, core.tokenizer, model_id, core.max_context, options.slots,

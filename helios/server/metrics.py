@@ -1,7 +1,8 @@
 """Prometheus metrics of one server, in a private registry.
 
-Scheduler and runtime counters are read at scrape time by a custom collector that copies them
-under the runtime's lock, so one scrape sees one consistent state (executions and nanoseconds
+Scheduler and runtime counters are read at scrape time by a custom collector from one
+`Runtime.snapshot()` (the scheduler's SchedulerSnapshot and the runtime's counters, copied under
+the runtime's lock), so one scrape sees one consistent state (executions and nanoseconds
 of the same frames, slots and requests of the same instant). Per-request latencies are pushed
 into histograms when a stream ends.
 """
@@ -11,18 +12,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from helios.engine.stream import RequestStream
-from helios.scheduler.requests import Phase
+from helios.runtime.stream import RequestStream
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 
-_SPECULATIVE = (
-    ("programs", "speculative_programs", "complete speculative programs executed"),
-    ("offered_tokens", "speculative_offered", "draft positions offered for verification"),
-    ("accepted_tokens", "speculative_accepted", "draft positions accepted"),
-    ("emitted_tokens", "speculative_emitted", "tokens committed by speculative programs (bonus included)"),
-    ("learned_draws", "speculative_learned_draws", "learned-proposal draws (copy proposals draw none)"),
+_SPECULATIVE = (  # metric name, SchedulerSnapshot.speculative key, help
+    ("programs", "programs", "complete speculative programs executed"),
+    ("offered_tokens", "offered", "draft positions offered for verification"),
+    ("accepted_tokens", "accepted", "draft positions accepted"),
+    ("emitted_tokens", "emitted", "tokens committed by speculative programs (bonus included)"),
+    ("learned_draws", "learned_draws", "learned-proposal draws (copy proposals draw none)"),
 )
 
 
@@ -71,29 +71,22 @@ class ServerMetrics:
 
 def snapshot(runtime) -> dict:
     """A consistent copy of the scheduler's and runtime's counters and resources."""
-    return runtime.inspect(_copy)
-
-
-def _copy(s, runtime_stats) -> dict:
-    stats = s.stats
-    live = [r for r in s.requests.values() if r.phase is not Phase.DONE]
-    costs = getattr(s, "costs", None)
+    snap, stats = runtime.snapshot()
     return {
-        "nanoseconds": {k.value: v for k, v in stats.nanoseconds.items()},
-        "executions": {k.value: v for k, v in stats.executions.items()},
-        "by_shape": {(sh.kind.value, sh.label()): n for sh, n in stats.by_shape.items()},
-        "speculative": {attr: getattr(stats, attr) for _, attr, _ in _SPECULATIVE},
-        "wall_ns": dict(runtime_stats.wall_ns_by_shape),
-        "estimates": {(sh.kind.value, sh.label()): est for sh in s.catalog
-                      if costs is not None and (est := costs.estimate_ns(sh)) is not None},
-        "running": sum(1 for r in live if r.slot is not None),
-        "waiting": sum(1 for r in live if r.slot is None),
-        "free_slots": s.resources.free_slots,
-        "total_slots": s.resources.total_slots,
-        "free_pages": s.resources.free_pages,
-        "total_pages": s.resources.total_pages,
-        "faults": runtime_stats.faults,
-        "submitted": runtime_stats.submitted,
+        "nanoseconds": dict(snap.nanoseconds),
+        "executions": dict(snap.executions),
+        "by_shape": {(sh.kind.value, sh.label()): n for sh, n in snap.by_shape.items()},
+        "speculative": {key: snap.speculative.get(key, 0) for _, key, _ in _SPECULATIVE},
+        "wall_ns": stats.wall_ns_by_shape,
+        "estimates": {(sh.kind.value, sh.label()): est for sh, est in snap.estimates_ns.items()},
+        "running": snap.running,
+        "waiting": snap.waiting,
+        "free_slots": snap.free_slots,
+        "total_slots": snap.total_slots,
+        "free_pages": snap.free_pages,
+        "total_pages": snap.total_pages,
+        "faults": stats.faults,
+        "submitted": stats.submitted,
     }
 
 

@@ -187,9 +187,11 @@ def default_slo(requests: Sequence[TraceRequest], setup: Setup, ttft_scale: floa
 def warm_up(scheduler, catalog: Catalog, model: CostModel, context: int) -> None:
     """Measure every graph once before the trace, as the spec's discovery would, but off the clock: one
     full-occupancy sample per shape (decode rows at `context`, prefill with nothing cached) at t=0."""
-    for shape in catalog:
+    def full(shape) -> list[int]:
         ctx = context if shape.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE) else 0
-        scheduler.costs.observe(shape, model.duration_ns(shape, [ctx] * shape.batch_capacity), 0)
+        return [ctx] * shape.batch_capacity
+
+    scheduler.seed_costs({shape: [model.duration_ns(shape, full(shape))] for shape in catalog}, 0)
 
 
 def to_arrivals(requests: Sequence[TraceRequest]) -> list[Arrival]:

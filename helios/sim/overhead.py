@@ -35,19 +35,19 @@ def measure(active: int, iterations: int = 300, model=None) -> dict:
     catalog = bench_catalog()
     model = model or SyntheticCostModel.realistic_small()
     s = Scheduler(catalog, config=SchedulerConfig(request_slots=64, kv_pages=1 << 16))
-    for shape in catalog:
-        s.costs.observe(shape, model.duration_ns(shape, []), 0)
+    s.seed_costs({shape: [model.duration_ns(shape, [])] for shape in catalog}, 0)
     for _ in range(active):
         s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000), 0)  # long-lived streams
-    fence = 0
+    fence, now = 0, 0
 
     def run(plan) -> float:
-        nonlocal fence
+        nonlocal fence, now
         fence += 1
         t0 = time.perf_counter()
         s.commit(plan, fence)
         dur = plan.estimated_duration_ns
-        s.advance_to(s.now_ns + dur)
+        now += dur
+        s.advance_to(now)
         records = [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, (11,) * l.output_rows) for l in plan.lanes]
         out = s.complete(fence, records, ExecutionTiming((dur,), wall_ns=dur))
         for g in out:

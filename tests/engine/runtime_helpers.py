@@ -7,7 +7,7 @@ import time
 
 from helios.config import SchedulerConfig
 from helios.engine.core import Execution
-from helios.engine.runtime import Runtime
+from helios.runtime.runtime import Runtime
 from helios.engine.sim_core import SimCore
 from helios.graphs import GraphKind, ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, Scheduler
@@ -117,4 +117,5 @@ def make_runtime(core_cls=PacedSimCore, *, tokenizer=None, slots: int = 4, pages
 
 
 def resources(scheduler) -> tuple[int, int]:
-    return scheduler.resources.free_slots, scheduler.resources.free_pages
+    snap = scheduler.snapshot()
+    return snap.free_slots, snap.free_pages

@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_helpers import ByteTokenizer, ScriptedCore, make_runtime, resources  # noqa: E402
 
-from helios.engine.publication import Publication, held_suffix  # noqa: E402
+from helios.runtime.publication import Publication, held_suffix  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -1,0 +1,117 @@
+"""The scheduler boundary (DESIGN section 3): the protocol is the whole surface.
+
+No module of `helios` outside `helios/scheduler/` and `helios/baselines/` (which are schedulers)
+reads a scheduler's request table, resources, cost table, counters or any other member that
+helios.scheduler.protocol.SchedulerProtocol does not declare. The check is on the source (AST),
+as the purity test is: an attribute read `X.name`, or `getattr(X, "name")`, where `name` is a
+scheduler member outside the protocol and `X` is a scheduler: a name or attribute called
+`scheduler`/`sched`, a name bound to a scheduler constructor or factory, or a parameter
+annotated with a scheduler type.
+"""
+
+import ast
+import pathlib
+
+from helios.baselines import SCHEDULERS, make_scheduler
+from helios.config import SchedulerConfig
+from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.scheduler.protocol import SchedulerProtocol
+
+HELIOS = pathlib.Path(__file__).resolve().parents[1] / "helios"
+SCHEDULER_PACKAGES = (HELIOS / "scheduler", HELIOS / "baselines")
+RECEIVER_NAMES = {"scheduler", "sched"}
+SCHEDULER_TYPES = {"Scheduler", "SchedulerProtocol"}
+
+
+def protocol_members() -> set[str]:
+    return {n for n in dir(SchedulerProtocol) if not n.startswith("__")} | {"catalog"}
+
+
+def scheduler_internals() -> set[str]:
+    """Every member of every scheduler that the protocol does not declare."""
+    catalog = Catalog([GraphShape(GraphKind.DECODE, b) for b in (1, 2, 4)]
+                      + [GraphShape(GraphKind.PREFILL, 1, 64)])
+    names = set()
+    for name in SCHEDULERS:
+        s = make_scheduler(name, catalog, None, SchedulerConfig(request_slots=4))
+        names |= {n for n in dir(s) if not n.startswith("__")}
+    return names - protocol_members()
+
+
+def _is_factory(call: ast.AST) -> bool:
+    if not isinstance(call, ast.Call):
+        return False
+    f = call.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    return name in SCHEDULER_TYPES or name.lower().endswith("scheduler")
+
+
+def _annotated_scheduler(arg: ast.arg) -> bool:
+    return arg.annotation is not None and any(t in ast.unparse(arg.annotation) for t in SCHEDULER_TYPES)
+
+
+def violations(source: str, internals: set[str]) -> list[str]:
+    """`file:line expr` for every read of a scheduler internal in `source`."""
+    tree = ast.parse(source)
+    bound = set(RECEIVER_NAMES)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and _is_factory(node.value):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            bound |= {t.id for t in targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.arg) and _annotated_scheduler(node):
+            bound.add(node.arg)
+
+    def is_scheduler(expr: ast.AST) -> bool:
+        if isinstance(expr, ast.Name):
+            return expr.id in bound
+        return isinstance(expr, ast.Attribute) and expr.attr in RECEIVER_NAMES
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in internals and is_scheduler(node.value):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)
+              and node.args[1].value in internals and is_scheduler(node.args[0])):
+            found.append(f"{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_internals_include_the_request_table_resources_and_costs():
+    internals = scheduler_internals()
+    assert {"requests", "resources", "costs", "stats"} <= internals
+    assert not internals & {"plan", "commit", "complete", "is_live", "snapshot", "seed_costs", "catalog"}
+
+
+def test_the_check_catches_reads_of_scheduler_internals():
+    internals = scheduler_internals()
+    bad = """
+def f(self, runtime, catalog, s2: SchedulerProtocol):
+    self.scheduler.requests
+    runtime.scheduler.resources.free_slots
+    s = Scheduler(catalog)
+    s.costs.observe(1, 2, 3)
+    getattr(sched, "costs", None)
+    s2.stats
+"""
+    assert len(violations(bad, internals)) == 5
+    fine = """
+def f(self, core, driver):
+    self.scheduler.is_live(1)
+    self.scheduler.snapshot().free_slots
+    core.requests
+    driver.requests
+    self.stats.faults
+"""
+    assert violations(fine, internals) == []
+
+
+def test_no_module_outside_the_schedulers_reads_scheduler_internals():
+    """Callers use only the protocol: is_live, snapshot, seed_costs and the spec's API."""
+    internals = scheduler_internals()
+    found = []
+    for path in sorted(HELIOS.rglob("*.py")):
+        if any(path.is_relative_to(p) for p in SCHEDULER_PACKAGES):
+            continue
+        found += [f"{path.relative_to(HELIOS.parent)}:{v}" for v in violations(path.read_text(), internals)]
+    assert found == [], "\n".join(found)
