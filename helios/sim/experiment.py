@@ -13,6 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
+from helios.baselines import make_scheduler
 from helios.config import SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
@@ -73,14 +74,7 @@ def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     """A scheduler by report name: helios-balanced, helios-throughput (or helios), or a baseline."""
     if name in ("helios", "helios-balanced", "helios-throughput", "helios-spec"):
         policy = preset("throughput" if name.endswith("throughput") else "balanced")
-        try:
-            from helios.baselines import make_scheduler
-        except ImportError:  # the baselines package is optional for Helios's own runs
-            from helios.scheduler import Scheduler
-            return Scheduler(catalog, policy, config)
         return make_scheduler("helios", catalog, policy, config)
-    from helios.baselines import make_scheduler
-
     return make_scheduler(name, catalog, None, config)
 
 
