@@ -1,4 +1,5 @@
-"""The scheduler boundary (DESIGN section 3): the protocol is the whole surface.
+"""The scheduler boundary (DESIGN section 3): the protocol is the whole surface, and one step
+loop (helios/runtime/step.py) is the only caller of its decision calls.
 
 No module of `helios` outside `helios/scheduler/` and `helios/baselines/` (which are schedulers)
 reads a scheduler's request table, resources, cost table, counters or any other member that
@@ -51,7 +52,7 @@ def _annotated_scheduler(arg: ast.arg) -> bool:
 
 
 def violations(source: str, internals: set[str]) -> list[str]:
-    """`file:line expr` for every read of a scheduler internal in `source`."""
+    """`line: expr` for every read of a member named in `internals` on a scheduler in `source`."""
     tree = ast.parse(source)
     bound = set(RECEIVER_NAMES)
     for node in ast.walk(tree):
@@ -115,3 +116,25 @@ def test_no_module_outside_the_schedulers_reads_scheduler_internals():
             continue
         found += [f"{path.relative_to(HELIOS.parent)}:{v}" for v in violations(path.read_text(), internals)]
     assert found == [], "\n".join(found)
+
+
+# The decisions and their outcomes: only the step loop plans, commits, completes and reports
+# publications, so every host follows its one detach rule and one publication rule.
+STEP_CALLS = {"plan", "commit", "complete", "complete_with_survival", "complete_packed_round",
+              "complete_packed_round_with_survival", "published_output"}
+STEP_LOOP = HELIOS / "runtime" / "step.py"
+# The overhead bench times these calls one by one on a bare scheduler (owned by the
+# scheduler-internal half of issue 9, which may move it onto the step loop).
+TIMES_THE_CALLS = {HELIOS / "sim" / "overhead.py"}
+
+
+def test_only_the_step_loop_plans_commits_completes_and_publishes():
+    """One step loop: the server runtime, the synchronous driver and the simulator drive their
+    scheduler through helios.runtime.step.StepLoop rather than calling it themselves."""
+    found = []
+    for path in sorted(HELIOS.rglob("*.py")):
+        if any(path.is_relative_to(p) for p in SCHEDULER_PACKAGES) or path == STEP_LOOP or path in TIMES_THE_CALLS:
+            continue
+        found += [f"{path.relative_to(HELIOS.parent)}:{v}" for v in violations(path.read_text(), STEP_CALLS)]
+    assert found == [], "\n".join(found)
+    assert len(violations(STEP_LOOP.read_text(), STEP_CALLS)) >= 7  # the check does see the loop's calls
