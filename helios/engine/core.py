@@ -1,4 +1,4 @@
-"""The Core protocol: what every engine offers the runtime and the simulator."""
+"""The Core protocol: what every engine offers the step loop (helios.runtime)."""
 
 from __future__ import annotations
 
@@ -18,18 +18,6 @@ class Execution:
     duration_ns: int
     confidence: object = None  # FP32 [2, slots, draft_capacity] sidecar of a device-allocated round
     survival: dict | None = None  # completion_speculative_survival rows by handle
-
-
-def complete(scheduler, fence: Fence, result: Execution):
-    """Hand a core's result to the scheduler through the matching completion call."""
-    if result.confidence is not None and result.survival is not None:
-        return scheduler.complete_packed_round_with_survival(fence, result.records, result.timing,
-                                                             result.confidence, result.survival)
-    if result.confidence is not None:
-        return scheduler.complete_packed_round(fence, result.records, result.timing, result.confidence)
-    if result.survival is not None:
-        return scheduler.complete_with_survival(fence, result.records, result.timing, result.survival)
-    return scheduler.complete(fence, result.records, result.timing)
 
 
 @runtime_checkable

@@ -12,8 +12,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from helios.engine.runtime import Runtime, RuntimeClosed
-from helios.engine.stream import RequestStream
+from helios.runtime.runtime import Runtime, RuntimeClosed
+from helios.runtime.stream import RequestStream
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
 from helios.server.errors import APIError, install_handlers

@@ -1,7 +1,8 @@
 """Prometheus metrics of one server, in a private registry.
 
-Scheduler and runtime counters are read at scrape time by a custom collector that copies them
-under the runtime's lock, so one scrape sees one consistent state (executions and nanoseconds
+Scheduler and runtime counters are read at scrape time by a custom collector from one
+`Runtime.snapshot()` (the scheduler's SchedulerSnapshot and the runtime's counters, copied under
+the runtime's lock), so one scrape sees one consistent state (executions and nanoseconds
 of the same frames, slots and requests of the same instant). Per-request latencies are pushed
 into histograms when a stream ends.
 """
@@ -11,17 +12,17 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from helios.engine.stream import RequestStream
+from helios.runtime.stream import RequestStream
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
 
-_SPECULATIVE = (
-    ("programs", "speculative_programs", "complete speculative programs executed"),
-    ("offered_tokens", "speculative_offered", "draft positions offered for verification"),
-    ("accepted_tokens", "speculative_accepted", "draft positions accepted"),
-    ("emitted_tokens", "speculative_emitted", "tokens committed by speculative programs (bonus included)"),
-    ("learned_draws", "speculative_learned_draws", "learned-proposal draws (copy proposals draw none)"),
+_SPECULATIVE = (  # metric name, SchedulerSnapshot.speculative key, help
+    ("programs", "programs", "complete speculative programs executed"),
+    ("offered_tokens", "offered", "draft positions offered for verification"),
+    ("accepted_tokens", "accepted", "draft positions accepted"),
+    ("emitted_tokens", "emitted", "tokens committed by speculative programs (bonus included)"),
+    ("learned_draws", "learned_draws", "learned-proposal draws (copy proposals draw none)"),
 )
 
 
@@ -68,32 +69,10 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-def snapshot(runtime) -> dict:
-    """A consistent copy of the scheduler's and runtime's counters and resources."""
-    return runtime.inspect(_copy)
-
-
-def _copy(s, runtime_stats) -> dict:
-    stats = s.stats
-    live = s.snapshot()
-    costs = getattr(s, "costs", None)
-    return {
-        "nanoseconds": {k.value: v for k, v in stats.nanoseconds.items()},
-        "executions": {k.value: v for k, v in stats.executions.items()},
-        "by_shape": {(sh.kind.value, sh.label()): n for sh, n in stats.by_shape.items()},
-        "speculative": {attr: getattr(stats, attr) for _, attr, _ in _SPECULATIVE},
-        "wall_ns": dict(runtime_stats.wall_ns_by_shape),
-        "estimates": {(sh.kind.value, sh.label()): est for sh in s.catalog
-                      if costs is not None and (est := costs.estimate_ns(sh)) is not None},
-        "running": live.running,
-        "waiting": live.waiting,
-        "free_slots": s.resources.free_slots,
-        "total_slots": s.resources.total_slots,
-        "free_pages": s.resources.free_pages,
-        "total_pages": s.resources.total_pages,
-        "faults": runtime_stats.faults,
-        "submitted": runtime_stats.submitted,
-    }
+def _per_graph(family, values) -> None:
+    """Add one sample per prepared graph, labelled by its kind and shape label."""
+    for label, n in sorted(values):
+        family.add_metric([label.split("[", 1)[0], label], n)
 
 
 class _RuntimeCollector:
@@ -101,42 +80,38 @@ class _RuntimeCollector:
         self.runtime = runtime
 
     def collect(self):
-        snap = snapshot(self.runtime)
+        snap, stats = self.runtime.snapshot()  # one consistent state per scrape
         ns = CounterMetricFamily("flare_scheduler_execution_nanoseconds",
                                  "measured execution time by execution class", labels=["class"])
         ex = CounterMetricFamily("flare_scheduler_executions", "executions by execution class", labels=["class"])
-        for cls, value in snap["nanoseconds"].items():
+        for cls, value in snap.nanoseconds.items():
             ns.add_metric([cls], value)
-            ex.add_metric([cls], snap["executions"][cls])
+            ex.add_metric([cls], snap.executions[cls])
         yield ns
         yield ex
-        for name, attr, doc in _SPECULATIVE:
-            yield CounterMetricFamily(f"flare_speculative_{name}", doc, value=snap["speculative"][attr])
+        for name, key, doc in _SPECULATIVE:
+            yield CounterMetricFamily(f"flare_speculative_{name}", doc, value=snap.speculative.get(key, 0))
         graphs = CounterMetricFamily("flare_graph_executions", "completed executions by graph kind and shape",
                                      labels=["kind", "shape"])
-        for (kind, label), n in sorted(snap["by_shape"].items()):
-            graphs.add_metric([kind, label], n)
+        _per_graph(graphs, ((sh.label(), n) for sh, n in snap.by_shape.items()))
         yield graphs
         wall = CounterMetricFamily("flare_graph_wall_nanoseconds",
                                    "dispatch-to-completion host time by graph kind and shape",
                                    labels=["kind", "shape"])
-        for label, n in sorted(snap["wall_ns"].items()):
-            wall.add_metric([label.split("[", 1)[0], label], n)
+        _per_graph(wall, stats.wall_ns_by_shape.items())
         yield wall
         est = GaugeMetricFamily("flare_graph_estimated_duration_nanoseconds",
                                 "the scheduler's current duration estimate of each measured graph",
                                 labels=["kind", "shape"])
-        for (kind, label), n in sorted(snap["estimates"].items()):
-            est.add_metric([kind, label], n)
+        _per_graph(est, ((sh.label(), n) for sh, n in snap.estimates_ns.items()))
         yield est
-        yield GaugeMetricFamily("flare_requests_running", "live requests holding a request slot",
-                                value=snap["running"])
+        yield GaugeMetricFamily("flare_requests_running", "live requests holding a request slot", value=snap.running)
         yield GaugeMetricFamily("flare_requests_waiting", "live requests waiting for a request slot",
-                                value=snap["waiting"])
-        yield GaugeMetricFamily("flare_request_slots_free", "free request slots", value=snap["free_slots"])
-        yield GaugeMetricFamily("flare_request_slots", "request slots", value=snap["total_slots"])
-        yield GaugeMetricFamily("flare_kv_pages_free", "free KV-cache pages", value=snap["free_pages"])
-        yield GaugeMetricFamily("flare_kv_pages", "KV-cache pages", value=snap["total_pages"])
-        yield CounterMetricFamily("flare_engine_faults", "frames that failed in the engine", value=snap["faults"])
+                                value=snap.waiting)
+        yield GaugeMetricFamily("flare_request_slots_free", "free request slots", value=snap.free_slots)
+        yield GaugeMetricFamily("flare_request_slots", "request slots", value=snap.total_slots)
+        yield GaugeMetricFamily("flare_kv_pages_free", "free KV-cache pages", value=snap.free_pages)
+        yield GaugeMetricFamily("flare_kv_pages", "KV-cache pages", value=snap.total_pages)
+        yield CounterMetricFamily("flare_engine_faults", "frames that failed in the engine", value=stats.faults)
         yield CounterMetricFamily("flare_requests_submitted", "requests admitted to the runtime",
-                                  value=snap["submitted"])
+                                  value=stats.submitted)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-from helios.engine.stream import SamplingParams
+from helios.runtime.stream import SamplingParams
 from helios.server.errors import APIError
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 

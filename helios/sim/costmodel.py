@@ -11,17 +11,15 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 from helios.errors import ConfigError
 from helios.graphs import GraphKind, GraphShape
-from helios.sim.traces import data_file
 from helios.engine.core import CostModel  # noqa: F401  (re-exported: the protocol lives with the engines)
+from helios.sim.splitwise import fit_terms
+from helios.sim.traces import data_file
 from helios.sim.vidur_tables import (DecodeAttentionTable, HostOverheadTable, LinearOpsTable,
                                      PrefillAttentionTable, equivalent_prefill_row, load_attention)
-
-if TYPE_CHECKING:
-    from helios.sim.calibration import CalibrationRow
 
 NS_PER_MS = 1_000_000
 ATTENTION_FILE = "vidur_a100_llama2-70b-shape_tp2_attention.csv"
@@ -115,8 +113,6 @@ class VidurCostModel:
         if p.splitwise_hardware is None:
             return base.with_terms(p.default_overhead_ms if overhead_ms is None else overhead_ms,
                                    (comm_us_per_token_layer or 0.0) / 1000.0)
-        from helios.sim.calibration import fit_terms  # local: calibration imports this module
-
         fitted_overhead, fitted_comm = fit_terms(base, data_dir)
         return base.with_terms(fitted_overhead if overhead_ms is None else overhead_ms,
                                fitted_comm if comm_us_per_token_layer is None else comm_us_per_token_layer / 1e3)
@@ -267,23 +263,3 @@ class SyntheticCostModel:
             c = shape.prefill_capacity
             t += self.b_pre * c + self.c_pair * c * (prefill_context + c / 2) / 1e6
         return int(round(t))
-
-
-def decode_shape(batch: int) -> GraphShape:
-    return GraphShape(GraphKind.DECODE, batch)
-
-
-def prefill_shape(batch: int, chunk: int) -> GraphShape:
-    return GraphShape(GraphKind.PREFILL, batch, chunk)
-
-
-def calibration_report(profiles: Sequence[str] = ("a100-70b-tp2", "h100-70b"),
-                       data_dir: str | Path | None = None) -> list[CalibrationRow]:
-    """Splitwise cross-check rows (config, predicted_ms, splitwise_ms, rel_error, role) per profile.
-
-    Implemented in helios.sim.calibration (which needs this module), re-exported here for callers.
-    """
-    from helios.sim.calibration import calibration_report as _report
-
-    return _report(profiles, data_dir)
-

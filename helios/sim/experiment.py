@@ -13,11 +13,12 @@ from typing import Sequence
 
 import numpy as np
 
+from helios.baselines import make_scheduler
 from helios.config import SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
-from helios.graphs import Catalog, GraphKind, GraphShape, ordinary_catalog
-from helios.prepare import with_speculation
+from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.prepare import Capacities, build_catalog
 from helios.scheduler import RequestSpec
 from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import CostModel, SyntheticCostModel, VidurCostModel
@@ -47,9 +48,15 @@ class Setup:
     warmup: bool = True
     warmup_context: int = 1024  # KV length of every active row in the warm-up measurements
 
-    def catalog(self) -> Catalog:
-        # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope.
-        return ordinary_catalog(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks))
+    def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF) -> Capacities:
+        # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
+        # with speculation, programs of every width in SPEC_WIDTHS (ragged past R) replace ordinary decode.
+        return Capacities(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks),
+                          speculation=speculation, widths=tuple(SPEC_WIDTHS),
+                          speculative_token_capacity=SPEC_TOKEN_CAPACITY)
+
+    def catalog(self, speculation: SpeculationMode = SpeculationMode.OFF) -> Catalog:
+        return build_catalog(self.capacities(speculation))
 
     def config(self) -> SchedulerConfig:
         # Requests reserve their whole extent (prompt + max output) when first scheduled, so the page pool
@@ -73,14 +80,7 @@ def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     """A scheduler by report name: helios-balanced, helios-throughput (or helios), or a baseline."""
     if name in ("helios", "helios-balanced", "helios-throughput", "helios-spec"):
         policy = preset("throughput" if name.endswith("throughput") else "balanced")
-        try:
-            from helios.baselines import make_scheduler
-        except ImportError:  # the baselines package is optional for Helios's own runs
-            from helios.scheduler import Scheduler
-            return Scheduler(catalog, policy, config)
         return make_scheduler("helios", catalog, policy, config)
-    from helios.baselines import make_scheduler
-
     return make_scheduler(name, catalog, None, config)
 
 
@@ -187,9 +187,11 @@ def default_slo(requests: Sequence[TraceRequest], setup: Setup, ttft_scale: floa
 def warm_up(scheduler, catalog: Catalog, model: CostModel, context: int) -> None:
     """Measure every graph once before the trace, as the spec's discovery would, but off the clock: one
     full-occupancy sample per shape (decode rows at `context`, prefill with nothing cached) at t=0."""
-    for shape in catalog:
+    def full(shape) -> list[int]:
         ctx = context if shape.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE) else 0
-        scheduler.costs.observe(shape, model.duration_ns(shape, [ctx] * shape.batch_capacity), 0)
+        return [ctx] * shape.batch_capacity
+
+    scheduler.seed_costs({shape: [model.duration_ns(shape, full(shape))] for shape in catalog}, 0)
 
 
 def to_arrivals(requests: Sequence[TraceRequest]) -> list[Arrival]:
@@ -212,12 +214,9 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
-    catalog, config = setup.catalog(), setup.config()
-    acceptance = None
-    if scheduler == "helios-spec":
-        catalog = with_speculation(catalog, setup.request_slots, SPEC_WIDTHS, SPEC_TOKEN_CAPACITY)
-        config = replace(config, speculation=SpeculationMode.ADAPTIVE)
-        acceptance = AcceptanceModel(seed=seed)
+    speculation = SpeculationMode.ADAPTIVE if scheduler == "helios-spec" else SpeculationMode.OFF
+    catalog, config = setup.catalog(speculation), replace(setup.config(), speculation=speculation)
+    acceptance = AcceptanceModel(seed=seed) if speculation is SpeculationMode.ADAPTIVE else None
     model = load_cost_model(setup.cost_model)
     sched = build_scheduler(scheduler, catalog, config)
     if setup.warmup:

@@ -1,5 +1,8 @@
 """Discrete-event loop: any scheduler implementing the protocol, against a core, on a virtual clock.
 
+The scheduler is driven through the one step loop (helios.runtime.step); the simulator adds the
+event queue and a virtual device that runs one frame at a time.
+
 Events are ordered by one explicit key: (time_ns, kind, sequence). At equal times,
 completions are processed before arrivals, so freed capacity is visible to newcomers,
 and the sequence number keeps ties deterministic.
@@ -12,8 +15,9 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import Callable, Iterable
 
-from helios.engine.core import Execution, complete
-from helios.scheduler.plan import FinishReason, RequestSpec
+from helios.engine.core import Execution
+from helios.runtime.step import StepLoop, visible_tokens
+from helios.scheduler.plan import FinishReason, GeneratedToken, RequestSpec, ScheduledPlan
 
 
 class EventKind(IntEnum):
@@ -72,7 +76,7 @@ class Simulation:
         self.steps: list[StepLog] = []
         self._events: list = []
         self._seq = 0
-        self._fence = 0
+        self.loop = StepLoop(scheduler, lambda: self.now_ns, core.detach)
 
     def push(self, time_ns: int, kind: EventKind, payload) -> None:
         heapq.heappush(self._events, (time_ns, int(kind), self._seq, payload))
@@ -93,52 +97,50 @@ class Simulation:
                 break
             time_ns, kind, _, payload = heapq.heappop(self._events)
             self.now_ns = max(self.now_ns, time_ns)
-            self.scheduler.advance_to(self.now_ns)
+            self.loop.now()
             if kind == EventKind.ARRIVAL:
                 self._arrive(payload)
             elif kind == EventKind.CANCEL:
-                self.scheduler.cancel(payload, self.now_ns)
+                self.loop.cancel(payload)
             else:
                 self._complete(*payload)
-            self._dispatch()
+            self.loop.dispatch(self._submit)
 
     def _arrive(self, a: Arrival) -> None:
         handle = self.scheduler.admit(a.spec, self.now_ns)
         self.core.attach(handle, a.spec.prompt_tokens, output_len=a.output_len)
+        self.loop.attached(handle)
         self.logs[handle] = RequestLog(self.now_ns, a.client, a.spec.prompt_tokens)
 
-    def _dispatch(self) -> None:
-        while (plan := self.scheduler.plan()) is not None:
-            self._fence += 1
-            fence = self._fence
-            self.scheduler.commit(plan, fence)
-            result: Execution = self.core.execute(plan, fence)
-            start = max(self.now_ns, self.device_free_ns)
-            end = start + result.duration_ns
-            self.device_free_ns = end
-            step = StepLog(fence, plan.shape.label(), plan.handles, start, end,
-                           plan.estimated_duration_ns, result.duration_ns, plan.selection_value_rate())
-            self.steps.append(step)
-            if self.on_step:
-                self.on_step(step)
-            # Wall time from dispatch through observed completion, for isolated frames.
-            timing = result.timing
-            if timing.wall_ns is not None:
-                timing = type(timing)(timing.rank_intervals_ns, timing.readiness_delay_ns, end - self.now_ns)
-                result = replace(result, timing=timing)
-            self.push(end, EventKind.COMPLETION, (fence, result))
+    def _submit(self, plan: ScheduledPlan, fence: int) -> None:
+        # The virtual device runs the frame at once and reports it when its duration has passed.
+        result: Execution = self.core.execute(plan, fence)
+        start = max(self.now_ns, self.device_free_ns)
+        end = start + result.duration_ns
+        self.device_free_ns = end
+        step = StepLog(fence, plan.shape.label(), plan.handles, start, end,
+                       plan.estimated_duration_ns, result.duration_ns, plan.selection_value_rate())
+        self.steps.append(step)
+        if self.on_step:
+            self.on_step(step)
+        # Wall time from dispatch through observed completion, for isolated frames.
+        timing = result.timing
+        if timing.wall_ns is not None:
+            timing = type(timing)(timing.rank_intervals_ns, timing.readiness_delay_ns, end - self.now_ns)
+            result = replace(result, timing=timing)
+        self.push(end, EventKind.COMPLETION, (fence, result))
 
     def _complete(self, fence, result: Execution) -> None:
-        generated = complete(self.scheduler, fence, result)
+        self.loop.finish(fence, result, self._publish)
         # Prompt progress is recorded only once the scheduler has accepted the completion.
         for rec in result.records:
             if rec.prompt_tokens and rec.handle in self.logs:
                 self.logs[rec.handle].prefills.append((self.now_ns, rec.prompt_tokens))
-        for g in generated:
-            log = self.logs[g.handle]
-            if g.tokens:
-                log.publications.append((self.now_ns, len(g.tokens)))
-                self.scheduler.published_output(g.handle, fence)
-            if g.finish is not None:
-                log.finish, log.finished_ns = g.finish, self.now_ns
-                self.core.detach(g.handle)
+
+    def _publish(self, g: GeneratedToken) -> bool:
+        log = self.logs[g.handle]
+        if g.tokens:  # the log counts every generated token, a terminating EOS included
+            log.publications.append((self.now_ns, len(g.tokens)))
+        if g.finish is not None:
+            log.finish, log.finished_ns = g.finish, self.now_ns
+        return bool(visible_tokens(g))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 
 from helios.config import SchedulerConfig
-from helios.graphs import GraphKind, ordinary_catalog
+from helios.graphs import GraphKind
+from helios.prepare import ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
 from helios.sim.costmodel import SyntheticCostModel
 
@@ -43,18 +44,19 @@ def measure(active: int, iterations: int = 300, model=None) -> dict:
     s.seed_costs({shape: [model.duration_ns(shape, [])] for shape in catalog}, 0)
     for _ in range(active):
         s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000), 0)  # long-lived streams
-    fence = 0
+    fence, now = 0, 0
     spent = dict.fromkeys(PARTS, 0.0)
     clock = time.perf_counter
 
     def run(plan) -> None:
-        nonlocal fence
+        nonlocal fence, now
         fence += 1
         t0 = clock()
         s.commit(plan, fence)
         t1 = clock()
         dur = plan.estimated_duration_ns
-        s.advance_to(s.now_ns + dur)
+        now += dur
+        s.advance_to(now)
         records = [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, (11,) * l.output_rows) for l in plan.lanes]
         timing = ExecutionTiming((dur,), wall_ns=dur)
         t2 = clock()

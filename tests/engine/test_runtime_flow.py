@@ -13,8 +13,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_helpers import Gate, PacedSimCore, make_runtime, resources  # noqa: E402
 
-from helios.engine.runtime import RuntimeClosed  # noqa: E402
-from helios.engine.stream import SamplingParams  # noqa: E402
+from helios.runtime.runtime import RuntimeClosed  # noqa: E402
+from helios.runtime.stream import SamplingParams  # noqa: E402
 from helios.errors import InvalidRequest  # noqa: E402
 from helios.graphs import GraphKind  # noqa: E402
 

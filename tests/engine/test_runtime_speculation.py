@@ -8,7 +8,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from helios.config import SchedulerConfig, SpeculationMode  # noqa: E402
-from helios.engine.runtime import Runtime  # noqa: E402
+from helios.runtime.runtime import Runtime  # noqa: E402
 from helios.engine.sim_core import SimCore  # noqa: E402
 from helios.graphs import Catalog, GraphKind, GraphShape  # noqa: E402
 from helios.prepare import speculative_shapes  # noqa: E402

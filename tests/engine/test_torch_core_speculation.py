@@ -8,7 +8,7 @@ import torch
 from helios.config import PolicyConfig, SpeculationMode
 from helios.engine.model import KVCache, generate_greedy
 from helios.engine.torch_core import TorchCore, load_model
-from helios.engine.torch_driver import SyncDriver
+from helios.runtime.driver import SyncDriver
 from helios.graphs import GraphKind, GraphShape
 from helios.scheduler import Lane, ScheduledPlan, Scheduler, SelectionReason
 

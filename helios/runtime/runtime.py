@@ -1,8 +1,8 @@
 """The runtime: drives any scheduler against any core on the real monotonic clock.
 
 Threads:
-- the runtime thread owns the loop: plan -> commit -> hand to the worker; completion ->
-  scheduler.complete -> publication -> published_output -> plan again;
+- the runtime thread runs the step loop (helios.runtime.step): plan -> commit -> hand to the
+  worker; completion -> scheduler.complete -> publication -> published_output -> plan again;
 - the worker thread owns the core: attach, execute (frames one after another, in fence
   order) and detach all run there, so a core never sees two threads.
 
@@ -22,14 +22,11 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from helios.errors import HeliosError, InvalidCompletion, InvalidRequest
-from helios.scheduler.plan import (
-    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestSpec, ScheduledPlan,
-)
-from helios.engine.core import complete
-from helios.engine.publication import Publication
-from helios.engine.stream import (
-    CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent,
-)
+from helios.runtime.publication import Publication
+from helios.runtime.step import StepLoop, visible_tokens
+from helios.runtime.stream import CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent
+from helios.scheduler.plan import FinishReason, GeneratedToken, RequestSpec, ScheduledPlan
+from helios.scheduler.protocol import SchedulerSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +41,7 @@ class RuntimeClosed(HeliosError):
 
 @dataclass(slots=True)
 class RuntimeStats:
-    """Counters for the server's metrics; the scheduler's own are `Runtime.scheduler_stats`."""
+    """Counters for the server's metrics; the scheduler's own are in `Runtime.snapshot()`."""
 
     submitted: int = 0
     finished: dict = field(default_factory=dict)  # finish_reason -> requests
@@ -70,29 +67,31 @@ class Runtime:
         self.stats = RuntimeStats()
         self.error: BaseException | None = None  # set when the loop itself failed
         self._clock = clock
-        self._last_ns = 0
         self._idle_poll_s = idle_poll_s
         self._cv = threading.Condition(threading.RLock())
         self._streams: dict[int, RequestStream] = {}
         self._pubs: dict[int, Publication] = {}
         self._inbox: deque = deque()  # worker -> runtime thread: completions, faults, attach failures
         self._work: queue.SimpleQueue = queue.SimpleQueue()  # runtime -> worker, FIFO
-        self._dispatched: dict[Fence, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
-        self._detach_pending: set[int] = set()
-        self._fence = 0
+        self._dispatched: dict[int, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
+        # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
+        self._step = StepLoop(scheduler, clock, lambda handle: self._work.put(("detach", handle)))
         self._accepting = False
         self._running = False
         self._threads: list[threading.Thread] = []
 
     @property
-    def scheduler_stats(self):
-        return self.scheduler.stats
+    def scheduler_stats(self) -> SchedulerSnapshot:
+        return self.snapshot()[0]
 
-    def inspect(self, read: Callable):
-        """Call read(scheduler, runtime_stats) under the lock that serializes scheduler calls,
-        so what it copies is one consistent state."""
+    def snapshot(self) -> tuple[SchedulerSnapshot, RuntimeStats]:
+        """The scheduler's snapshot and a copy of the runtime's counters, taken under the lock
+        that serializes scheduler calls, so both describe one consistent state."""
         with self._cv:
-            return read(self.scheduler, self.stats)
+            stats = dataclasses.replace(self.stats, finished=dict(self.stats.finished),
+                                        executions_by_shape=dict(self.stats.executions_by_shape),
+                                        wall_ns_by_shape=dict(self.stats.wall_ns_by_shape))
+            return self.scheduler.snapshot(), stats
 
     # ---- lifecycle ---------------------------------------------------------------------------
     def start(self) -> Runtime:
@@ -149,13 +148,14 @@ class Runtime:
         with self._cv:
             if not self._accepting:
                 raise RuntimeClosed("the runtime is not accepting requests")
-            now = self._now()
+            now = self._step.now()
             handle = self.scheduler.admit(spec, now)
             stream = RequestStream(handle, len(prompt), params, now, self._cancel)
             self._streams[handle] = stream
             self._pubs[handle] = Publication(self.tokenizer, params.stop)
             # Queued before any execute that can include the handle: the worker is FIFO.
             self._work.put(("attach", handle, prompt, params.attach_options()))
+            self._step.attached(handle)
             self.stats.submitted += 1
             self._cv.notify_all()
         return stream
@@ -165,12 +165,6 @@ class Runtime:
             self._finish(stream, CANCELLED)
 
     # ---- the runtime thread ------------------------------------------------------------------
-    def _now(self) -> int:
-        # The scheduler demands nondecreasing time; guard against a clock that is not.
-        self._last_ns = max(self._last_ns, int(self._clock()))
-        self.scheduler.advance_to(self._last_ns)
-        return self._last_ns
-
     def _loop(self) -> None:
         with self._cv:
             try:
@@ -179,8 +173,7 @@ class Runtime:
                         self._handle(self._inbox.popleft())
                     if not self._running and not self._dispatched:
                         break
-                    self._dispatch()
-                    self._detach_retired()
+                    self._step.dispatch(self._submit)
                     if self._inbox:
                         continue
                     # Live requests with nothing planned or on the core only arise from
@@ -199,18 +192,9 @@ class Runtime:
                 self._work.put(None)
                 self._cv.notify_all()
 
-    def _dispatch(self) -> None:
-        while True:
-            now = self._now()
-            plan = self.scheduler.plan()
-            if plan is None:
-                return
-            # No advance_to between plan and commit: they are one decision at one instant,
-            # and a later clock could invalidate the plan (overrun, staleness).
-            self._fence += 1
-            self.scheduler.commit(plan, self._fence)
-            self._dispatched[self._fence] = (plan, now)
-            self._work.put(("execute", plan, self._fence))
+    def _submit(self, plan: ScheduledPlan, fence: int) -> None:
+        self._dispatched[fence] = (plan, self._step.last_ns)
+        self._work.put(("execute", plan, fence))
 
     def _handle(self, item) -> None:
         kind = item[0]
@@ -218,17 +202,15 @@ class Runtime:
             _, fence, execution, end_ns = item
             plan, dispatch_ns = self._dispatched.pop(fence)
             timing = dataclasses.replace(execution.timing, wall_ns=max(0, end_ns - dispatch_ns))
-            self._now()
+            self._step.now()
             try:
-                out = complete(self.scheduler, fence, dataclasses.replace(execution, timing=timing))
+                self._step.finish(fence, dataclasses.replace(execution, timing=timing), self._publish)
             except InvalidCompletion as exc:  # state unchanged: resolve the frame as a fault
                 self._fail_frame(fence, plan, f"engine returned an invalid completion: {exc}")
                 return
             label = plan.shape.label()
             self.stats.executions_by_shape[label] = self.stats.executions_by_shape.get(label, 0) + 1
             self.stats.wall_ns_by_shape[label] = self.stats.wall_ns_by_shape.get(label, 0) + timing.wall_ns
-            for g in out:
-                self._publish(g)
         elif kind == "fault":
             _, fence, exc = item
             plan, _ = self._dispatched.pop(fence)
@@ -237,43 +219,35 @@ class Runtime:
             _, handle, exc = item
             if (stream := self._streams.get(handle)) is not None:
                 self._finish(stream, ERROR, f"engine could not attach the request: {exc}")
-        self._detach_retired()
 
-    def _fail_frame(self, fence: Fence, plan: ScheduledPlan, message: str) -> None:
+    def _fail_frame(self, fence: int, plan: ScheduledPlan, message: str) -> None:
         """Fail only the frame's requests; resolve the fence so slots and pages come back."""
         self.stats.faults += 1
         log.warning("fence %d failed: %s", fence, message)
-        now = self._now()
-        for lane in plan.lanes:
-            if (stream := self._streams.get(lane.handle)) is not None:
+        for handle in plan.handles:
+            if (stream := self._streams.get(handle)) is not None:
                 self._finish(stream, ERROR, message)
-            elif lane.handle in self.scheduler.requests:
-                self.scheduler.cancel(lane.handle, now, FinishReason.ERROR)
-        # Cancelled lanes may report zero tokens; no timing, so nothing is learned from a fault.
-        records = [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, ()) for l in plan.lanes]
-        self.scheduler.complete(fence, records, ExecutionTiming(()))
+        self._step.fail(fence, plan)
 
-    def _publish(self, g: GeneratedToken) -> None:
+    def _publish(self, g: GeneratedToken) -> bool:
+        """Show one burst on its stream; True when it made output visible."""
         stream, pub = self._streams.get(g.handle), self._pubs.get(g.handle)
         if stream is None or pub is None:
-            return  # already ended on the host side (cancelled, stopped, failed)
+            return False  # already ended on the host side (cancelled, stopped, failed)
         stream._count(len(g.tokens))
-        # The EOS token is counted as generated but never shown.
-        tokens = g.tokens[:-1] if g.finish is FinishReason.EOS else g.tokens
-        piece = pub.feed(tokens)
+        piece = pub.feed(visible_tokens(g))
         if g.finish is not None and not piece.stopped:
             piece = piece.then(pub.flush())
         finish = STOP if piece.stopped else (_FINISH[g.finish] if g.finish is not None else None)
-        if piece.text or (piece.token_ids and not pub.has_text):
-            # Visible output: tell the scheduler before the next completion is processed, at
-            # the actual host publication time (output age is measured from it).
-            now = self._now()
-            self.scheduler.published_output(g.handle, g.fence)
-            stream.metrics.published(now)
+        visible = bool(piece.text or (piece.token_ids and not pub.has_text))
+        if visible:
+            # Output age is measured from the actual host publication time.
+            stream.metrics.published(self._step.now())
             if finish is None:
                 stream._push(StreamEvent(piece.text, piece.token_ids))
         if finish is not None:
             self._finish(stream, finish, event=StreamEvent(piece.text, piece.token_ids, finish))
+        return visible
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None,
                 event: StreamEvent | None = None) -> None:
@@ -282,17 +256,15 @@ class Runtime:
         if stream.done or self._streams.get(stream.handle) is not stream:
             return
         sched_reason = _SCHEDULER_REASON.get(reason)
-        if sched_reason is not None and stream.handle in self.scheduler.requests:
-            self.scheduler.cancel(stream.handle, self._now(), sched_reason)
+        if sched_reason is not None:
+            self._step.cancel(stream.handle, sched_reason)
         self._end_stream(stream, reason, error, event)
-        self._detach_retired()
 
     def _end_stream(self, stream: RequestStream, reason: str, error: str | None,
                     event: StreamEvent | None = None) -> None:
         self._streams.pop(stream.handle, None)
         self._pubs.pop(stream.handle, None)
-        self._detach_pending.add(stream.handle)
-        stream.metrics.finished_ns = self._last_ns
+        stream.metrics.finished_ns = self._step.last_ns
         stream._push(event or StreamEvent("", (), reason), error)
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1
         self._cv.notify_all()
@@ -301,13 +273,6 @@ class Runtime:
                 self.on_finish(stream)
             except Exception:
                 log.exception("on_finish hook failed")
-
-    def _detach_retired(self) -> None:
-        # A core may drop a request's state only once no queued frame can still name it,
-        # which is exactly when the scheduler has retired it.
-        for handle in [h for h in self._detach_pending if h not in self.scheduler.requests]:
-            self._detach_pending.discard(handle)
-            self._work.put(("detach", handle))
 
     # ---- the worker thread -------------------------------------------------------------------
     def _post(self, item) -> None:
