@@ -26,7 +26,7 @@ from helios.engine.core import Execution
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, load_weights
 from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, verify_sampled
-from helios.engine.torch_graphs import Packing, PreparedGraph, RowWork
+from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
 from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, validate_plan
 from helios.errors import ConfigError, InvalidRequest
 from helios.graphs import Catalog, GraphKind, ordinary_catalog
@@ -107,22 +107,24 @@ class TorchCore:
                       draft_capacity=max(spec, default=0) or 8)
         return SchedulerConfig(**{**fields, **overrides})
 
+    def time_graph(self, shape, context: int = 0) -> int:
+        """Run the prepared graph `shape` once on padding rows only (the scratch slot: no request
+        state changes) with every row's queries from KV position `context` on, and return the
+        measured interval in ns (see helios.server.warmup for how a server seeds costs)."""
+        graph = self.graphs[shape]
+        start = max(0, min(context, self.cache.max_context - graph.length))
+        rows = [RowWork(self.cache.scratch_slot, (PAD_TOKEN,) * graph.length, start, True)] * graph.batch
+        timer = _Timer(self.device)
+        graph.pack(rows)
+        with torch.inference_mode():
+            logits = graph.forward(self.model, self.cache)
+            logits[:, -1].argmax(-1).tolist()
+        return timer.stop()
+
     def warmup(self, repeats: int = 2) -> dict:
-        """Run every prepared graph `repeats` times on padding rows only (the scratch slot: no
-        request state changes) and return each shape's fastest interval in ns, which a caller
-        may hand to a scheduler's cost table (`scheduler.costs.observe(shape, ns, now)`)."""
-        timings = {}
-        for shape, graph in self.graphs.items():
-            samples = []
-            for _ in range(repeats):
-                timer = _Timer(self.device)
-                graph.pack(())
-                with torch.inference_mode():
-                    logits = graph.forward(self.model, self.cache)
-                    logits[:, -1].argmax(-1).tolist()
-                samples.append(timer.stop())
-            timings[shape] = min(samples)
-        return timings
+        """Run every prepared graph `repeats` times on padding rows only and return each shape's
+        fastest interval in ns."""
+        return {shape: min(self.time_graph(shape) for _ in range(repeats)) for shape in self.graphs}
 
     # ---- requests ------------------------------------------------------------------------------
     def attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:

@@ -21,6 +21,7 @@ from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
 from helios.graphs import GraphKind, ordinary_catalog
 from helios.prepare.speculative import with_speculation
+from helios.server.warmup import WarmupReport, warm_up
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +42,7 @@ class EngineOptions:
     max_context: int = 1024
     device: str = "cpu"
     sim_pace: float = 1.0  # sim engine: real seconds slept per simulated second
-    warmup: bool = True  # torch engine: time every prepared graph once before serving
+    warmup: bool = True  # torch engine: time every prepared graph before serving
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class Backend:
     slots: int
     vocab_size: int
     options: EngineOptions
+    warmup: WarmupReport | None = None  # the torch engine's startup timings
 
 
 def prefill_chunks(capacity: int) -> tuple[int, ...]:
@@ -123,16 +125,12 @@ def _torch_backend(options, policy, speculation, chunks) -> Backend:
                      max_batch=options.slots, speculation=speculation,
                      speculative_token_capacity=options.speculative_token_capacity, device=options.device)
     scheduler = _scheduler(options, core.catalog, policy, core.scheduler_config())
-    if options.warmup:
-        # Real replays of every prepared graph (padding rows only) seed the cost table, so the
-        # first requests are not spent discovering graph costs one at a time. Later samples
-        # replace these through the median window. The runtime's clock is the monotonic one.
-        for shape, ns in core.warmup(repeats=1).items():
-            scheduler.costs.observe(shape, ns, time.monotonic_ns())
+    # Steady-state timings of every prepared graph seed the cost table (helios.server.warmup).
+    report = warm_up(scheduler, core) if options.warmup else None
     # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
     model_id = path.name.split(".")[0] or path.stem
     return Backend(scheduler, core, core.tokenizer, model_id, core.max_context, options.slots,
-                   core.tokenizer.vocab_size, options)
+                   core.tokenizer.vocab_size, options, report)
 
 
 def _sim_backend(options, policy, speculation, chunks) -> Backend:

@@ -15,6 +15,8 @@ own) and the slot's next real tokens overwrite them before any query can.
 from __future__ import annotations
 
 import functools
+import math
+import mmap
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +45,8 @@ class KVCache:
                  config.head_dim)
         # float32 like the model; 2 * 30 * 3 * 64 * 4 B = 46 KB per cached
         # token and slot for SmolLM2 (377 MB per slot at the full 8k context).
-        self.k = torch.zeros(shape)
-        self.v = torch.zeros(shape)
+        self.k = _zeros(shape)
+        self.v = _zeros(shape)
 
     @property
     def scratch_slot(self) -> int:
@@ -57,6 +59,21 @@ class KVCache:
         if zero:
             self.k[:, slot].zero_()
             self.v[:, slot].zero_()
+
+
+def _zeros(shape: tuple[int, ...]) -> torch.Tensor:
+    """A float32 zero tensor on the default device; on the CPU, backed by an anonymous mapping.
+
+    Why: the OS zero-fills an anonymous mapping page by page on first touch, so a cache sized for
+    every slot's whole context commits memory only for the positions actually written.
+    torch.zeros writes every byte up front: 6.9 GB RSS and 30 s for 32 slots x 4k contexts.
+    Zeros matter: masked keys still meet their values in SDPA (weight 0 * value), so a cache
+    must never hold NaN garbage.
+    """
+    if torch.get_default_device().type != "cpu":
+        return torch.zeros(shape)
+    buffer = mmap.mmap(-1, math.prod(shape) * 4)
+    return torch.frombuffer(buffer, dtype=torch.float32).view(shape)  # keeps `buffer` alive
 
 
 def rope_tables(head_dim: int, base: float,
