@@ -27,7 +27,7 @@ from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, loa
 from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, verify_sampled
 from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
-from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, validate_plan
+from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, Stopping, validate_plan
 from helios.errors import ConfigError, InvalidRequest
 from helios.graphs import Catalog, GraphKind, ordinary_catalog
 from helios.prepare.speculative import with_speculation
@@ -36,6 +36,9 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
 
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
+# vLLM's stopping extensions: generate past EOS, no EOS or stop token before min_tokens, extra
+# token ids that end a request like EOS does.
+STOPPING_OPTIONS = ("ignore_eos", "min_tokens", "stop_token_ids")
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +131,10 @@ class TorchCore:
 
     # ---- requests ------------------------------------------------------------------------------
     def attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
-        unknown = set(options) - set(SAMPLING_OPTIONS)
+        unknown = set(options) - set(SAMPLING_OPTIONS) - set(STOPPING_OPTIONS)
         if unknown:
             raise InvalidRequest(f"unknown TorchCore options {sorted(unknown)}; "
-                                 f"it takes {', '.join(SAMPLING_OPTIONS)}")
+                                 f"it takes {', '.join(SAMPLING_OPTIONS + STOPPING_OPTIONS)}")
         if handle in self.requests:
             raise InvalidRequest(f"request {handle} is already attached")
         if isinstance(prompt, (int, str, bytes)) or not len(prompt):
@@ -142,8 +145,10 @@ class TorchCore:
         if len(ids) >= self.max_context:
             raise InvalidRequest(f"a {len(ids)}-token prompt leaves no room in a "
                                  f"{self.max_context}-token context")
+        stopping = Stopping.of(self.tokenizer.eos_id, self.config.vocab_size,
+                               **{k: options.pop(k) for k in STOPPING_OPTIONS if k in options})
         sampling = SamplingOptions.of(**options)
-        self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator())
+        self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator(), stopping=stopping)
 
     def detach(self, handle: RequestHandle) -> None:
         """Drop a request's state and free its slot (call once no queued frame can name it)."""
@@ -183,18 +188,24 @@ class TorchCore:
 
     def _sample(self, works: list[LaneWork], logits: torch.Tensor, packing: Packing) -> list[list[int]]:
         n = len(works)
+        for b, w in enumerate(works):
+            if w.request.stopping.blocks(len(w.request.generated)):
+                logits[b, list(w.request.stopping.terminal)] = float("-inf")
         opts = [w.request.options for w in works] + [None] * (logits.shape[0] - n)
         gens = [w.request.generator for w in works] + [None] * (logits.shape[0] - n)
         tokens = sample_rows(logits, opts, gens, packing.sample_mask)
         return [[] if t is None else [t] for t in tokens[:n]]
 
     def _verify(self, works: list[LaneWork], drafts: list[list[int]], logits: torch.Tensor) -> list[list[int]]:
-        targets = logits.argmax(-1).tolist()  # [B, W]: greedy rows need only these
         out = []
         for b, (w, d) in enumerate(zip(works, drafts)):
+            stop = w.request.stopping
+            for i in range(len(d) + 1):  # position i samples output number len(generated) + i + 1
+                if stop.blocks(len(w.request.generated) + i):
+                    logits[b, i, list(stop.terminal)] = float("-inf")
             opts = w.request.options
             if opts.greedy:
-                out.append(verify_greedy(targets[b], d))
+                out.append(verify_greedy(logits[b, : len(d) + 1].argmax(-1).tolist(), d))
             else:
                 out.append(verify_sampled(logits[b, : len(d) + 1], d, opts, w.request.generator))
         return out
@@ -207,16 +218,16 @@ class TorchCore:
             r.slot = w.slot
         if lane.slot is not None:
             r.scheduler_slot = lane.slot
-        eos = self.tokenizer.eos_id
-        if eos in tokens:
-            tokens = tokens[: tokens.index(eos) + 1]  # nothing after EOS is output
+        end = r.stopping.first_terminal(tokens)
+        if end is not None:
+            tokens = tokens[: end + 1]  # nothing after EOS (or a stop token id) is output
         if kind.is_prefill:
             r.kv_len += lane.prompt_tokens
         else:
             r.kv_len += len(tokens)  # the old pending token and the accepted drafts
         r.generated.extend(tokens)
-        return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens),
-                                bool(tokens) and tokens[-1] == eos, offered)
+        return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), end is not None,
+                                offered)
 
 
 class _Timer:

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         capacity = resolve(args.engine, args.model, args.slots, args.max_context)
         if capacity is not None:
-            print(f"flare: {capacity.describe()}", flush=True)
+            print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
         options = EngineOptions(
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
@@ -123,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"flare run: error: could not start the engine: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     if backend.warmup is not None:
-        print(f"flare: {backend.warmup.describe()}", flush=True)
+        print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               shutdown_grace_s=args.shutdown_grace)
     return serve(backend, settings, args.host, args.port, log_level=args.log_level)
