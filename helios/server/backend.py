@@ -43,6 +43,7 @@ class EngineOptions:
     device: str = "cpu"
     sim_pace: float = 1.0  # sim engine: real seconds slept per simulated second
     warmup: bool = True  # torch engine: time every prepared graph before serving
+    weights: str = "fp32"  # torch engine: fp32 (reference tokens) or int8 (faster, other tokens)
 
 
 @dataclass(slots=True)
@@ -123,7 +124,8 @@ def _torch_backend(options, policy, speculation, chunks) -> Backend:
         raise ConfigError("model", f"no such model file: {path}")
     core = TorchCore(path, request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
                      max_batch=options.slots, speculation=speculation,
-                     speculative_token_capacity=options.speculative_token_capacity, device=options.device)
+                     speculative_token_capacity=options.speculative_token_capacity, device=options.device,
+                     weights=options.weights)
     scheduler = _scheduler(options, core.catalog, policy, core.scheduler_config())
     # Steady-state timings of every prepared graph seed the cost table (helios.server.warmup).
     report = warm_up(scheduler, core) if options.warmup else None

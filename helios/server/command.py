@@ -19,6 +19,7 @@ _FLAGS = {
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
+    "weights": "--weights",
 }
 
 
@@ -56,6 +57,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "sim"), default="torch",
                    help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
+    g.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
+                   help="fp32: the model's exact weights (default); int8: int8 linear weights on the CPU, "
+                        "about 3x faster decoding at batch 1 but different greedy tokens")
     g.add_argument("--slots", type=positive_int,
                    help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,
@@ -109,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
             slots=capacity.slots if capacity else args.slots or SIM_SLOTS,
             prefill_capacity=args.prefill_capacity,
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
-            device=args.device, sim_pace=args.sim_pace, warmup=args.warmup)
+            device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights)
         backend = build_backend(options)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)

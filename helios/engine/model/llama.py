@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helios.engine.model.int8 import Int8Linear, WeightFormat
 from helios.engine.model.loader import ModelConfig
 
 # Key windows are rounded up to this many positions so attention shapes take
@@ -146,22 +147,27 @@ class Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
+def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat) -> nn.Module:
+    return Int8Linear(weight) if fmt is WeightFormat.INT8 else Linear(weight, pack)
+
+
 class Block(nn.Module):
     """One transformer layer: pre-norm GQA attention + pre-norm SwiGLU MLP."""
 
-    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], i: int, pack: bool):
+    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], i: int, pack: bool,
+                 fmt: WeightFormat = WeightFormat.FLOAT32):
         super().__init__()
         p = f"blk.{i}."
         self.config = config
         self.attn_norm = _frozen(w[p + "attn_norm.weight"])
         # Q, K and V share one input: one [(H + 2K) * D, dim] matmul is faster.
-        self.wqkv = Linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"],
-                                      w[p + "attn_v.weight"]]), pack)
-        self.wo = Linear(w[p + "attn_output.weight"], pack)
+        self.wqkv = linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"],
+                                      w[p + "attn_v.weight"]]), pack, fmt)
+        self.wo = linear(w[p + "attn_output.weight"], pack, fmt)
         self.ffn_norm = _frozen(w[p + "ffn_norm.weight"])
         # Gate and up projections fused the same way: [2 * hidden, dim].
-        self.w13 = Linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), pack)
-        self.w2 = Linear(w[p + "ffn_down.weight"], pack)
+        self.w13 = linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), pack, fmt)
+        self.w2 = linear(w[p + "ffn_down.weight"], pack, fmt)
 
     def forward(self, x, cos, sin, mask, slots, positions, cache_k, cache_v, window):
         c = self.config
@@ -196,22 +202,23 @@ class Block(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Llama-family decoder built from :func:`load_weights` output (fp32)."""
+    """Llama-family decoder built from :func:`load_weights` output (fp32; ``weight_format``
+    INT8 stores the linear weights as int8, see helios.engine.model.int8)."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 pack_weights: bool = True):
+                 pack_weights: bool = True, weight_format: WeightFormat = WeightFormat.FLOAT32):
         super().__init__()
         if config.n_heads % config.n_kv_heads:
             raise ValueError("n_heads must be a multiple of n_kv_heads")
         self.config = config
         self.tok_embeddings = _frozen(weights["token_embd.weight"])
-        self.layers = nn.ModuleList(Block(config, weights, i, pack_weights)
+        self.layers = nn.ModuleList(Block(config, weights, i, pack_weights, weight_format)
                                     for i in range(config.n_layers))
         self.norm = _frozen(weights["output_norm.weight"])
         # Tied models project with the embedding matrix. Packing keeps a second
         # (packed) copy of it: +113 MB for SmolLM2 for a ~2x faster projection.
-        self.output = Linear(weights["token_embd.weight" if config.tie_embeddings
-                                     else "output.weight"], pack_weights)
+        self.output = linear(weights["token_embd.weight" if config.tie_embeddings
+                                     else "output.weight"], pack_weights, weight_format)
         cos, sin = rope_tables(config.head_dim, config.rope_base, config.max_context)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
