@@ -103,8 +103,6 @@ def run(args: argparse.Namespace) -> int:
     prefer_passive_threads()
     try:
         capacity = resolve(args.engine, args.model, args.slots, args.max_context)
-        if capacity is not None:
-            print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
         options = EngineOptions(
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
@@ -126,6 +124,9 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a model that does not load, a device that is not there
         print(f"flare run: error: could not start the engine: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    # Startup figures go to stderr once the engine is up (an invalid flag stays a one-line error).
+    if capacity is not None:
+        print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
     if backend.warmup is not None:
         print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
