@@ -8,7 +8,7 @@ at most (EOS may end a request earlier; both sides then produce the same tokens)
 - Helios at concurrency c: a closed loop keeps c requests in flight (a new one is admitted as
   soon as one finishes) through the synchronous driver on the monotonic clock, with the default
   (balanced) policy. The scheduler learns every graph cost from TorchCore's measured intervals;
-  its cost table starts from TorchCore.warmup()'s measurement of each prepared graph, so the
+  its cost table starts from the server's warm-up (helios.server.warmup) of each prepared graph, so the
   run is past graph discovery. c = 16 uses request_slots = max_batch = 16.
 - The load on a shared machine drifts, so the sequential rate is measured in two halves, one
   before and one after the Helios runs, and combined.
@@ -34,6 +34,7 @@ from helios.engine.model import KVCache
 from helios.engine.torch_core import TorchCore, load_model
 from helios.runtime.driver import SyncDriver
 from helios.scheduler import Scheduler
+from helios.server.warmup import warm_up
 
 QUESTIONS = [
     "What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
@@ -78,7 +79,7 @@ def helios(loaded, workload, tokens, concurrency):
                      max_context=MAX_CONTEXT)
     scheduler = Scheduler(core.catalog, PolicyConfig(), core.scheduler_config())
     driver = SyncDriver(scheduler, core)
-    scheduler.seed_costs({shape: [ns] for shape, ns in core.warmup().items()}, driver.now())
+    warm_up(scheduler, core)  # the server's steady-state warm-up, seeded through seed_costs
     queue, handles = list(workload), []
     start = time.monotonic_ns()
     while queue or scheduler.snapshot().live:

@@ -23,11 +23,11 @@ import torch
 
 from helios.config import SchedulerConfig, SpeculationMode
 from helios.engine.core import Execution
-from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, load_weights
+from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, verify_sampled
-from helios.engine.torch_graphs import Packing, PreparedGraph, RowWork
-from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, validate_plan
+from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
+from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, Stopping, validate_plan
 from helios.errors import ConfigError, InvalidRequest
 from helios.graphs import Catalog, GraphKind
 from helios.prepare import Capacities, build_catalog
@@ -36,6 +36,9 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
 
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
+# vLLM's stopping extensions: generate past EOS, no EOS or stop token before min_tokens, extra
+# token ids that end a request like EOS does.
+STOPPING_OPTIONS = ("ignore_eos", "min_tokens", "stop_token_ids")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,12 +51,17 @@ class LoadedModel:
     device: torch.device
 
 
-def load_model(model_path=None, device: str | torch.device = "cpu") -> LoadedModel:
-    """Load a Llama-family GGUF (default: the bundled SmolLM2) onto `device` in float32."""
+def load_model(model_path=None, device: str | torch.device = "cpu",
+               weights: WeightFormat | str = WeightFormat.FLOAT32) -> LoadedModel:
+    """Load a Llama-family GGUF (default: the bundled SmolLM2) onto `device` in float32 (or with
+    int8 linear weights on the CPU: faster decoding, different tokens)."""
     device = torch.device(device)
+    fmt = WeightFormat(weights)
+    if fmt is WeightFormat.INT8 and device.type != "cpu":
+        raise ConfigError("weights", "int8 weights are a CPU format; use fp32 on other devices")
     config, weights = load_weights(model_path)
     # oneDNN-packed weights are a CPU layout; CUDA uses plain ones.
-    model = LlamaModel(config, weights, pack_weights=device.type == "cpu").to(device).eval()
+    model = LlamaModel(config, weights, pack_weights=device.type == "cpu", weight_format=fmt).to(device).eval()
     del weights
     return LoadedModel(config, model, Tokenizer.from_gguf(model_path), device)
 
@@ -66,13 +74,13 @@ class TorchCore:
                  speculation: SpeculationMode | str = SpeculationMode.OFF,
                  widths: Sequence[int] = (1, 2, 4), speculative_token_capacity: int = 16,
                  num_threads: int | None = None, device: str | torch.device = "cpu",
-                 loaded: LoadedModel | None = None):
+                 loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
         if num_threads is not None:
             torch.set_num_threads(num_threads)
-        self.loaded = loaded or load_model(model_path, device)
+        self.loaded = loaded or load_model(model_path, device, weights)
         self.device = self.loaded.device
         self.config, self.model, self.tokenizer = self.loaded.config, self.loaded.model, self.loaded.tokenizer
         self.speculation = speculation
@@ -107,29 +115,31 @@ class TorchCore:
                       draft_capacity=max(spec, default=0) or 8)
         return SchedulerConfig(**{**fields, **overrides})
 
+    def time_graph(self, shape, context: int = 0) -> int:
+        """Run the prepared graph `shape` once on padding rows only (the scratch slot: no request
+        state changes) with every row's queries from KV position `context` on, and return the
+        measured interval in ns (see helios.server.warmup for how a server seeds costs)."""
+        graph = self.graphs[shape]
+        start = max(0, min(context, self.cache.max_context - graph.length))
+        rows = [RowWork(self.cache.scratch_slot, (PAD_TOKEN,) * graph.length, start, True)] * graph.batch
+        timer = _Timer(self.device)
+        graph.pack(rows)
+        with torch.inference_mode():
+            logits = graph.forward(self.model, self.cache)
+            logits[:, -1].argmax(-1).tolist()
+        return timer.stop()
+
     def warmup(self, repeats: int = 2) -> dict:
-        """Run every prepared graph `repeats` times on padding rows only (the scratch slot: no
-        request state changes) and return each shape's fastest interval in ns, which a caller
-        may hand to a scheduler's cost table (`scheduler.costs.observe(shape, ns, now)`)."""
-        timings = {}
-        for shape, graph in self.graphs.items():
-            samples = []
-            for _ in range(repeats):
-                timer = _Timer(self.device)
-                graph.pack(())
-                with torch.inference_mode():
-                    logits = graph.forward(self.model, self.cache)
-                    logits[:, -1].argmax(-1).tolist()
-                samples.append(timer.stop())
-            timings[shape] = min(samples)
-        return timings
+        """Run every prepared graph `repeats` times on padding rows only and return each shape's
+        fastest interval in ns."""
+        return {shape: min(self.time_graph(shape) for _ in range(repeats)) for shape in self.graphs}
 
     # ---- requests ------------------------------------------------------------------------------
     def attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
-        unknown = set(options) - set(SAMPLING_OPTIONS)
+        unknown = set(options) - set(SAMPLING_OPTIONS) - set(STOPPING_OPTIONS)
         if unknown:
             raise InvalidRequest(f"unknown TorchCore options {sorted(unknown)}; "
-                                 f"it takes {', '.join(SAMPLING_OPTIONS)}")
+                                 f"it takes {', '.join(SAMPLING_OPTIONS + STOPPING_OPTIONS)}")
         if handle in self.requests:
             raise InvalidRequest(f"request {handle} is already attached")
         if isinstance(prompt, (int, str, bytes)) or not len(prompt):
@@ -140,8 +150,10 @@ class TorchCore:
         if len(ids) >= self.max_context:
             raise InvalidRequest(f"a {len(ids)}-token prompt leaves no room in a "
                                  f"{self.max_context}-token context")
+        stopping = Stopping.of(self.tokenizer.eos_id, self.config.vocab_size,
+                               **{k: options.pop(k) for k in STOPPING_OPTIONS if k in options})
         sampling = SamplingOptions.of(**options)
-        self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator())
+        self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator(), stopping=stopping)
 
     def detach(self, handle: RequestHandle) -> None:
         """Drop a request's state and free its slot (call once no queued frame can name it)."""
@@ -181,18 +193,24 @@ class TorchCore:
 
     def _sample(self, works: list[LaneWork], logits: torch.Tensor, packing: Packing) -> list[list[int]]:
         n = len(works)
+        for b, w in enumerate(works):
+            if w.request.stopping.blocks(len(w.request.generated)):
+                logits[b, list(w.request.stopping.terminal)] = float("-inf")
         opts = [w.request.options for w in works] + [None] * (logits.shape[0] - n)
         gens = [w.request.generator for w in works] + [None] * (logits.shape[0] - n)
         tokens = sample_rows(logits, opts, gens, packing.sample_mask)
         return [[] if t is None else [t] for t in tokens[:n]]
 
     def _verify(self, works: list[LaneWork], drafts: list[list[int]], logits: torch.Tensor) -> list[list[int]]:
-        targets = logits.argmax(-1).tolist()  # [B, W]: greedy rows need only these
         out = []
         for b, (w, d) in enumerate(zip(works, drafts)):
+            stop = w.request.stopping
+            for i in range(len(d) + 1):  # position i samples output number len(generated) + i + 1
+                if stop.blocks(len(w.request.generated) + i):
+                    logits[b, i, list(stop.terminal)] = float("-inf")
             opts = w.request.options
             if opts.greedy:
-                out.append(verify_greedy(targets[b], d))
+                out.append(verify_greedy(logits[b, : len(d) + 1].argmax(-1).tolist(), d))
             else:
                 out.append(verify_sampled(logits[b, : len(d) + 1], d, opts, w.request.generator))
         return out
@@ -205,16 +223,16 @@ class TorchCore:
             r.slot = w.slot
         if lane.slot is not None:
             r.scheduler_slot = lane.slot
-        eos = self.tokenizer.eos_id
-        if eos in tokens:
-            tokens = tokens[: tokens.index(eos) + 1]  # nothing after EOS is output
+        end = r.stopping.first_terminal(tokens)
+        if end is not None:
+            tokens = tokens[: end + 1]  # nothing after EOS (or a stop token id) is output
         if kind.is_prefill:
             r.kv_len += lane.prompt_tokens
         else:
             r.kv_len += len(tokens)  # the old pending token and the accepted drafts
         r.generated.extend(tokens)
-        return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens),
-                                bool(tokens) and tokens[-1] == eos, offered)
+        return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), end is not None,
+                                offered)
 
 
 class _Timer:

@@ -17,13 +17,42 @@ from typing import Sequence
 import torch
 
 from helios.engine.sampling import SamplingOptions
-from helios.errors import HeliosError
+from helios.errors import HeliosError, InvalidRequest
 from helios.graphs import GraphKind
 from helios.scheduler.plan import Lane, ScheduledPlan
 
 
 class PlanMismatch(HeliosError, ValueError):
     """A plan whose lanes disagree with the core's request state; nothing was executed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stopping:
+    """Which sampled token ids end a request (`terminal`: EOS unless ignored, plus any stop token
+    ids), and how many outputs must come before one may be sampled (`min_tokens`)."""
+
+    terminal: frozenset[int]
+    min_tokens: int = 0
+
+    @classmethod
+    def of(cls, eos_id: int, vocab_size: int, ignore_eos=False, min_tokens=None, stop_token_ids=None) -> Stopping:
+        """Validate attach() stopping options (vLLM's ignore_eos, min_tokens, stop_token_ids)."""
+        if not isinstance(ignore_eos, bool):
+            raise InvalidRequest(f"ignore_eos must be a boolean, got {ignore_eos!r}")
+        if min_tokens is not None and (isinstance(min_tokens, bool) or not isinstance(min_tokens, int)
+                                       or min_tokens < 0):
+            raise InvalidRequest(f"min_tokens must be a nonnegative integer, got {min_tokens!r}")
+        ids = tuple(stop_token_ids or ())
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab_size for t in ids):
+            raise InvalidRequest(f"stop_token_ids must be token ids in [0, {vocab_size}), got {list(ids)!r}")
+        return cls(frozenset(ids) | (frozenset() if ignore_eos else {eos_id}), min_tokens or 0)
+
+    def blocks(self, produced: int) -> bool:
+        """Whether the next output (after `produced` of them) may not be a terminal token."""
+        return produced < self.min_tokens and bool(self.terminal)
+
+    def first_terminal(self, tokens) -> int | None:
+        return next((i for i, t in enumerate(tokens) if t in self.terminal), None)
 
 
 @dataclass(slots=True)
@@ -38,6 +67,7 @@ class CoreRequest:
     scheduler_slot: int | None = None  # the scheduler's slot id, once a lane carried one
     kv_len: int = 0  # valid KV entries: consumed prompt, then committed outputs but the pending one
     generated: list[int] = field(default_factory=list)  # sampled tokens; the last is pending
+    stopping: Stopping = Stopping(frozenset())  # TorchCore.attach always sets EOS and the options
 
     @property
     def pending(self) -> int | None:

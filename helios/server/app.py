@@ -179,28 +179,33 @@ async def _serve(request: Request, service: Service, req, chat: bool):
     _check_model(req.model, backend.model_id)
     service.check_admission()  # cheap early refusal before tokenizing
     if chat:
-        prepared = await run_in_threadpool(prepare_chat, req, backend.tokenizer, backend.max_context)
+        prepared = await run_in_threadpool(prepare_chat, req, backend.tokenizer, backend.max_context,
+                                           backend.vocab_size)
     else:
         prepared = await run_in_threadpool(prepare_completion, req, backend.tokenizer, backend.max_context,
                                            backend.vocab_size)
     stream = service.submit(prepared)
-    fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage)
+    fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
+                    prepared.continuous_usage)
     if prepared.stream:
         return EventStreamResponse(_events(stream, fmt, prepared, service), stream.cancel, stream.cancel)
     return await _collect(request, stream, fmt, prepared, service)
 
 
 async def _events(stream: RequestStream, fmt: Formatter, prepared: Prepared, service: Service):
+    def counts():
+        return stream.usage.prompt_tokens, stream.usage.completion_tokens
+
     if fmt.chat:
-        yield fmt.chunk(role=True)
+        yield fmt.chunk(role=True, counts=counts())
     if prepared.echo_text:
-        yield fmt.chunk(text=prepared.echo_text)
+        yield fmt.chunk(text=prepared.echo_text, counts=counts())
     async for event in stream:
         if event.text:
-            yield fmt.chunk(text=event.text)
+            yield fmt.chunk(text=event.text, counts=counts())
     reason = stream.finish_reason
     if reason in ("stop", "length"):
-        yield fmt.chunk(finish=reason)
+        yield fmt.chunk(finish=reason, counts=counts())
     else:
         yield error_event(_ended_error(stream, service))
     if fmt.include_usage:

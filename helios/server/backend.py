@@ -12,7 +12,6 @@ the core's catalog -> warm-up timings seed its costs -> Backend. Two engines:
 from __future__ import annotations
 
 import pathlib
-import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +20,7 @@ from helios.config import SpeculationMode, preset
 from helios.engine.echo_core import EchoSimCore
 from helios.errors import ConfigError
 from helios.prepare import Capacities, prefill_chunks
+from helios.server.warmup import WarmupReport, warm_up
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,8 @@ class EngineOptions:
     max_context: int = 1024
     device: str = "cpu"
     sim_pace: float = 1.0  # sim engine: real seconds slept per simulated second
-    warmup: bool = True  # torch engine: time every prepared graph once before serving
+    warmup: bool = True  # torch engine: time every prepared graph before serving
+    weights: str = "fp32"  # torch engine: fp32 (reference tokens) or int8 (faster, other tokens)
 
 
 @dataclass(slots=True)
@@ -56,6 +57,7 @@ class Backend:
     slots: int
     vocab_size: int
     options: EngineOptions
+    warmup: WarmupReport | None = None  # the torch engine's startup timings
 
 
 def build_backend(options: EngineOptions) -> Backend:
@@ -86,14 +88,10 @@ def build_backend(options: EngineOptions) -> Backend:
     else:
         raise ConfigError("engine", f"choose torch or sim, got {options.engine!r}")
     scheduler = _scheduler(options, core.catalog, policy, core.scheduler_config())
-    if options.warmup and options.engine == "torch":
-        # Real replays of every prepared graph (padding rows only) seed the cost table, so the
-        # first requests are not spent discovering graph costs one at a time. Later samples
-        # replace these through the median window. The runtime's clock is the monotonic one.
-        samples = {shape: [ns] for shape, ns in core.warmup(repeats=1).items()}
-        scheduler.seed_costs(samples, time.monotonic_ns())
+    # Steady-state timings of every prepared graph seed the cost table (helios.server.warmup).
+    report = warm_up(scheduler, core) if options.warmup and options.engine == "torch" else None
     return Backend(scheduler, core, core.tokenizer, model_id, core.max_context, options.slots,
-                   core.tokenizer.vocab_size, options)
+                   core.tokenizer.vocab_size, options, report)
 
 
 def _scheduler(options, catalog, policy, config):
@@ -126,6 +124,7 @@ def _torch_core(options, speculation, chunks):
         raise ConfigError("model", f"no such model file: {path}")
     core = TorchCore(path, request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
                      max_batch=options.slots, speculation=speculation,
-                     speculative_token_capacity=options.speculative_token_capacity, device=options.device)
+                     speculative_token_capacity=options.speculative_token_capacity, device=options.device,
+                     weights=options.weights)
     # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
     return core, path.name.split(".")[0] or path.stem

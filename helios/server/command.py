@@ -19,6 +19,7 @@ _FLAGS = {
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
+    "weights": "--weights",
 }
 
 
@@ -42,7 +43,8 @@ positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite 
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
-    """The `flare run` flags (defaults: embedded SmolLM2, Helios balanced, 127.0.0.1:8000, 4 slots)."""
+    """The `flare run` flags (defaults: embedded SmolLM2, Helios balanced, 127.0.0.1:8000, slots and
+    context sized for this machine by helios.server.sizing)."""
     prog = run.prog
 
     def error(message: str):  # argparse prints usage too; a one-line error is easier to read
@@ -55,12 +57,16 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "sim"), default="torch",
                    help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    g.add_argument("--slots", type=positive_int, default=4, help="request slots, at most 64 (default 4)")
+    g.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
+                   help="fp32: the model's exact weights (default); int8: int8 linear weights on the CPU, "
+                        "about 3x faster decoding at batch 1 but different greedy tokens")
+    g.add_argument("--slots", type=positive_int,
+                   help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,
                    help="largest prefill chunk in tokens, a multiple of 64 (default 256); the chunks "
                         "64, 256, 1024, ... below it are prepared too")
-    g.add_argument("--max-context", type=positive_int, default=1024,
-                   help="context tokens per request, prompt and output (default 1024)")
+    g.add_argument("--max-context", type=positive_int,
+                   help="context tokens per request, prompt and output (default: the model's, at most 4096)")
     g.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default="off",
                    help="speculative decoding with copy proposals (default off)")
     g.add_argument("--speculative-token-capacity", type=positive_int, default=16,
@@ -91,15 +97,21 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
     from helios.server import EngineOptions, ServerSettings, build_backend, serve
+    from helios.server.openmp import prefer_passive_threads
+    from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
 
-    options = EngineOptions(
-        engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
-        terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
-        adaptive_verification_alpha=args.mtp_adaptive_verification_alpha, speculation=args.speculation,
-        speculative_token_capacity=args.speculative_token_capacity, slots=args.slots,
-        prefill_capacity=args.prefill_capacity, max_context=args.max_context, device=args.device,
-        sim_pace=args.sim_pace, warmup=args.warmup)
+    prefer_passive_threads()
     try:
+        capacity = resolve(args.engine, args.model, args.slots, args.max_context)
+        options = EngineOptions(
+            engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
+            terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
+            adaptive_verification_alpha=args.mtp_adaptive_verification_alpha, speculation=args.speculation,
+            speculative_token_capacity=args.speculative_token_capacity,
+            slots=capacity.slots if capacity else args.slots or SIM_SLOTS,
+            prefill_capacity=args.prefill_capacity,
+            max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
+            device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights)
         backend = build_backend(options)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)
@@ -112,6 +124,11 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a model that does not load, a device that is not there
         print(f"flare run: error: could not start the engine: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    # Startup figures go to stderr once the engine is up (an invalid flag stays a one-line error).
+    if capacity is not None:
+        print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
+    if backend.warmup is not None:
+        print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               shutdown_grace_s=args.shutdown_grace)
     return serve(backend, settings, args.host, args.port, log_level=args.log_level)

@@ -1,7 +1,13 @@
 """OpenAI request schemas (pydantic) and the parsing that turns a raw body into one.
 
 Requests are validated strictly: unknown fields and wrong JSON types are rejected with a 400
-instead of being ignored or coerced (OpenAI's own API also rejects unrecognized arguments).
+instead of being ignored or coerced (OpenAI's own API also rejects unrecognized arguments; vLLM
+instead accepts them with a logged warning). We reject, because a misspelled option that is
+silently dropped (`max_token`, `temprature`) gives wrong output with no sign of why, and the
+fields that real clients send are known: the OpenAI ones below, and the vLLM extensions that
+load tools rely on (`ignore_eos`, `min_tokens`, `stop_token_ids`,
+`stream_options.continuous_usage_stats`). Fields that do not change the output here (`user`,
+`store`, `metadata`, `service_tier`) are accepted and have no effect.
 Known OpenAI fields that this server cannot honour (n > 1, logprobs, penalties, tools, ...)
 are accepted by the schema only so that the translation step can reject them with a message
 that names the feature rather than a generic "extra field" error.
@@ -27,6 +33,7 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage on every chunk
 
 
 class ContentPart(BaseModel):
@@ -57,6 +64,13 @@ class _Sampling(_Strict):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    store: bool | None = None
+    metadata: dict[str, str] | None = None
+    service_tier: str | None = None
+    # vLLM extensions
+    ignore_eos: bool = False
+    min_tokens: int | None = None
+    stop_token_ids: list[int] | None = None
     presence_penalty: float | None = _finite()
     frequency_penalty: float | None = _finite()
     logit_bias: dict[str, float] | None = None

@@ -18,18 +18,23 @@ DONE = "data: [DONE]\n\n"
 class Formatter:
     """Builds one request's response objects in OpenAI's completion or chat format."""
 
-    def __init__(self, chat: bool, model: str, request_id: str, include_usage: bool = False):
+    def __init__(self, chat: bool, model: str, request_id: str, include_usage: bool = False,
+                 continuous_usage: bool = False):
         self.chat = chat
         self.model = model
         self.id = request_id
         self.created = int(time.time())
         self.include_usage = include_usage
+        self.continuous_usage = continuous_usage  # vLLM's continuous_usage_stats
 
     def _envelope(self, obj: str, choices: list) -> dict:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": None, "choices": choices}
 
-    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False) -> str:
+    def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
+              counts: tuple[int, int] | None = None) -> str:
+        """One chunk; `counts` (prompt, completion tokens so far) fill its usage when the client
+        asked for continuous usage stats."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
             choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
@@ -37,7 +42,9 @@ class Formatter:
         else:
             choice = {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
             body = self._envelope("text_completion", [choice])
-        if self.include_usage:
+        if self.continuous_usage and counts is not None:
+            body["usage"] = usage(*counts)
+        elif self.include_usage:
             body["usage"] = None  # OpenAI: null on every chunk but the last
         return _event(body)
 

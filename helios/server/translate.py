@@ -28,6 +28,7 @@ class Prepared:
     stream: bool
     include_usage: bool
     echo_text: str | None = None
+    continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage on every chunk
 
 
 def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, vocab_size: int) -> Prepared:
@@ -60,11 +61,11 @@ def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, voca
     max_tokens = _max_tokens(req.max_tokens, "max_tokens", len(ids), max_context, DEFAULT_COMPLETION_TOKENS,
                              "prompt")
     rid = f"cmpl-{uuid.uuid4().hex}"
-    return Prepared(rid, ids, _params(req, max_tokens, rid), req.stream, _include_usage(req),
-                    echo if req.echo else None)
+    return Prepared(rid, ids, _params(req, max_tokens, rid, vocab_size), req.stream, _include_usage(req),
+                    echo if req.echo else None, _continuous_usage(req))
 
 
-def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int) -> Prepared:
+def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_size: int | None = None) -> Prepared:
     _common(req)
     if req.logprobs or req.top_logprobs:
         param = "logprobs" if req.logprobs else "top_logprobs"
@@ -105,7 +106,8 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int) -> Pre
         limit, param = req.max_tokens, "max_tokens"
     max_tokens = _max_tokens(limit, param, len(ids), max_context, None, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    return Prepared(rid, ids, _params(req, max_tokens, rid), req.stream, _include_usage(req))
+    return Prepared(rid, ids, _params(req, max_tokens, rid, vocab_size), req.stream, _include_usage(req),
+                    continuous_usage=_continuous_usage(req))
 
 
 def _common(req) -> None:
@@ -171,10 +173,36 @@ def _include_usage(req) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
 
-def _params(req, max_tokens: int, request_id: str) -> SamplingParams:
+def _continuous_usage(req) -> bool:
+    # vLLM sends usage on every chunk only when include_usage asks for usage at all.
+    return _include_usage(req) and req.stream_options.continuous_usage_stats
+
+
+def _params(req, max_tokens: int, request_id: str, vocab_size: int | None) -> SamplingParams:
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return SamplingParams(
         max_tokens=max_tokens, stop=stops,
         temperature=DEFAULT_TEMPERATURE if req.temperature is None else float(req.temperature),
         top_p=None if req.top_p is None else float(req.top_p),
-        top_k=req.top_k, seed=req.seed, client=req.user or "default", request_id=request_id)
+        top_k=req.top_k, seed=req.seed, client=req.user or "default", request_id=request_id,
+        core_options=_stopping(req, max_tokens, vocab_size))
+
+
+def _stopping(req, max_tokens: int, vocab_size: int | None) -> dict:
+    """vLLM's stopping extensions, for the core (TorchCore honours them; see docs/server.md)."""
+    options: dict = {}
+    if req.ignore_eos:
+        options["ignore_eos"] = True
+    if req.min_tokens is not None:
+        if not 0 <= req.min_tokens <= max_tokens:
+            raise APIError(400, f"min_tokens must be in [0, max_tokens={max_tokens}], got {req.min_tokens}",
+                           param="min_tokens", code="invalid_value")
+        if req.min_tokens:
+            options["min_tokens"] = req.min_tokens
+    if req.stop_token_ids:
+        bad = next((t for t in req.stop_token_ids if vocab_size is not None and not 0 <= t < vocab_size), None)
+        if bad is not None or any(t < 0 for t in req.stop_token_ids):
+            raise APIError(400, f"stop_token_ids must be token ids in [0, {vocab_size}), got {req.stop_token_ids}",
+                           param="stop_token_ids", code="invalid_value")
+        options["stop_token_ids"] = tuple(req.stop_token_ids)
+    return options

@@ -47,7 +47,7 @@ def test_invalid_flags_exit_2_with_one_line(capsys, argv, flag):
 def test_defaults():
     args = build_parser().parse_args(["run"])
     assert (args.engine, args.scheduler, args.scheduler_policy, args.speculation) == ("torch", "helios", "balanced", "off")
-    assert (args.host, args.port, args.slots, args.model) == ("127.0.0.1", 8000, 4, None)
+    assert (args.host, args.port, args.slots, args.max_context, args.model) == ("127.0.0.1", 8000, None, None, None)
 
 
 def test_sigterm_drains_and_exits_zero():

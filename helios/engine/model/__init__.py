@@ -8,6 +8,7 @@ Typical use::
     cache = KVCache(config, num_slots=8, max_context=2048)
 """
 
+from helios.engine.model.int8 import WeightFormat
 from helios.engine.model.llama import (
     KVCache,
     LlamaModel,
@@ -30,6 +31,7 @@ __all__ = [
     "LlamaModel",
     "ModelConfig",
     "Tokenizer",
+    "WeightFormat",
     "apply_rope",
     "default_model_path",
     "generate_greedy",

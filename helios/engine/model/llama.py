@@ -15,11 +15,14 @@ own) and the slot's next real tokens overwrite them before any query can.
 from __future__ import annotations
 
 import functools
+import math
+import mmap
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helios.engine.model.int8 import Int8Linear, WeightFormat
 from helios.engine.model.loader import ModelConfig
 
 # Key windows are rounded up to this many positions so attention shapes take
@@ -43,8 +46,8 @@ class KVCache:
                  config.head_dim)
         # float32 like the model; 2 * 30 * 3 * 64 * 4 B = 46 KB per cached
         # token and slot for SmolLM2 (377 MB per slot at the full 8k context).
-        self.k = torch.zeros(shape)
-        self.v = torch.zeros(shape)
+        self.k = _zeros(shape)
+        self.v = _zeros(shape)
 
     @property
     def scratch_slot(self) -> int:
@@ -57,6 +60,21 @@ class KVCache:
         if zero:
             self.k[:, slot].zero_()
             self.v[:, slot].zero_()
+
+
+def _zeros(shape: tuple[int, ...]) -> torch.Tensor:
+    """A float32 zero tensor on the default device; on the CPU, backed by an anonymous mapping.
+
+    Why: the OS zero-fills an anonymous mapping page by page on first touch, so a cache sized for
+    every slot's whole context commits memory only for the positions actually written.
+    torch.zeros writes every byte up front: 6.9 GB RSS and 30 s for 32 slots x 4k contexts.
+    Zeros matter: masked keys still meet their values in SDPA (weight 0 * value), so a cache
+    must never hold NaN garbage.
+    """
+    if torch.get_default_device().type != "cpu":
+        return torch.zeros(shape)
+    buffer = mmap.mmap(-1, math.prod(shape) * 4)
+    return torch.frombuffer(buffer, dtype=torch.float32).view(shape)  # keeps `buffer` alive
 
 
 def rope_tables(head_dim: int, base: float,
@@ -129,22 +147,27 @@ class Linear(nn.Module):
         return F.linear(x, self.weight)
 
 
+def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat) -> nn.Module:
+    return Int8Linear(weight) if fmt is WeightFormat.INT8 else Linear(weight, pack)
+
+
 class Block(nn.Module):
     """One transformer layer: pre-norm GQA attention + pre-norm SwiGLU MLP."""
 
-    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], i: int, pack: bool):
+    def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], i: int, pack: bool,
+                 fmt: WeightFormat = WeightFormat.FLOAT32):
         super().__init__()
         p = f"blk.{i}."
         self.config = config
         self.attn_norm = _frozen(w[p + "attn_norm.weight"])
         # Q, K and V share one input: one [(H + 2K) * D, dim] matmul is faster.
-        self.wqkv = Linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"],
-                                      w[p + "attn_v.weight"]]), pack)
-        self.wo = Linear(w[p + "attn_output.weight"], pack)
+        self.wqkv = linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"],
+                                      w[p + "attn_v.weight"]]), pack, fmt)
+        self.wo = linear(w[p + "attn_output.weight"], pack, fmt)
         self.ffn_norm = _frozen(w[p + "ffn_norm.weight"])
         # Gate and up projections fused the same way: [2 * hidden, dim].
-        self.w13 = Linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), pack)
-        self.w2 = Linear(w[p + "ffn_down.weight"], pack)
+        self.w13 = linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), pack, fmt)
+        self.w2 = linear(w[p + "ffn_down.weight"], pack, fmt)
 
     def forward(self, x, cos, sin, mask, slots, positions, cache_k, cache_v, window):
         c = self.config
@@ -179,22 +202,23 @@ class Block(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Llama-family decoder built from :func:`load_weights` output (fp32)."""
+    """Llama-family decoder built from :func:`load_weights` output (fp32; ``weight_format``
+    INT8 stores the linear weights as int8, see helios.engine.model.int8)."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 pack_weights: bool = True):
+                 pack_weights: bool = True, weight_format: WeightFormat = WeightFormat.FLOAT32):
         super().__init__()
         if config.n_heads % config.n_kv_heads:
             raise ValueError("n_heads must be a multiple of n_kv_heads")
         self.config = config
         self.tok_embeddings = _frozen(weights["token_embd.weight"])
-        self.layers = nn.ModuleList(Block(config, weights, i, pack_weights)
+        self.layers = nn.ModuleList(Block(config, weights, i, pack_weights, weight_format)
                                     for i in range(config.n_layers))
         self.norm = _frozen(weights["output_norm.weight"])
         # Tied models project with the embedding matrix. Packing keeps a second
         # (packed) copy of it: +113 MB for SmolLM2 for a ~2x faster projection.
-        self.output = Linear(weights["token_embd.weight" if config.tie_embeddings
-                                     else "output.weight"], pack_weights)
+        self.output = linear(weights["token_embd.weight" if config.tie_embeddings
+                                     else "output.weight"], pack_weights, weight_format)
         cos, sin = rope_tables(config.head_dim, config.rope_base, config.max_context)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -1,0 +1,174 @@
+"""`flare run` under concurrent chat streams, driven by the openai async client, and optionally the
+identical load against a peer OpenAI-compatible server (e.g. llama.cpp's llama-server) in the
+same run.
+
+Loads (every request streams, greedy, ignore_eos so each produces exactly --tokens tokens):
+- 1, 4 and 16 concurrent clients, each sending --rounds requests back to back with short prompts;
+- mixed: 4 clients with ~800-token prompts plus 12 with short ones, all at once.
+
+Reported per load and server: aggregate output tok/s (tokens over the load's wall time), TTFT
+p50/p99 (request sent -> first content chunk), and for the mixed load the short prompts' TTFT
+p99. With --peer-url the loads alternate between the servers (flare, peer, flare, peer, ...) so
+that drifting machine load hits both alike, and the ratios flare/peer are printed.
+
+Bar (issue 15): 16 streams >= 4x the aggregate tok/s of 1 stream.
+Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (mixed) <= 0.5x its.
+
+Run: .venv/bin/python bench/serving.py [--tokens 32] [--rounds 2] [--peer-url http://127.0.0.1:8080/v1]
+     [--flare-args "--weights int8"]. docs/server.md shows how to build and start llama-server.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import httpx
+import openai
+
+SHORT = ["What is the capital of France?", "Name three colors.", "Write a haiku about the sea.",
+         "Why is the sky blue?", "Give me a tip for learning to cook.", "What is a prime number?",
+         "Describe a cat in one sentence.", "How do plants make food?"]
+# ~800 tokens: a paragraph repeated, then a question about it.
+PARAGRAPH = ("The printing press, developed by Johannes Gutenberg around 1440, combined movable metal type, "
+             "oil-based ink and a screw press adapted from wine making. It made books cheaper, spread "
+             "literacy, standardized languages and sped up the exchange of scientific ideas across Europe. ")
+LONG = PARAGRAPH * 16 + "Summarize the text above in two sentences."
+
+
+@dataclass
+class Result:
+    ttft: list[float]
+    short_ttft: list[float]
+    tokens: int
+    wall: float
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.wall
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    values = sorted(values)
+    return values[min(len(values) - 1, round(q / 100 * (len(values) - 1)))]
+
+
+async def one(client: openai.AsyncOpenAI, model: str, prompt: str, tokens: int) -> tuple[float, int]:
+    start = time.perf_counter()
+    ttft, usage = None, None
+    stream = await client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": prompt}], max_tokens=tokens, temperature=0,
+        stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    async for chunk in stream:
+        if ttft is None and chunk.choices and chunk.choices[0].delta.content:
+            ttft = time.perf_counter() - start
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+    return (ttft if ttft is not None else time.perf_counter() - start), usage or 0
+
+
+async def run_load(url: str, model: str, prompts: list[list[str]], tokens: int) -> Result:
+    """prompts[c] is client c's sequence of requests, sent back to back."""
+    client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600,
+                                http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64)))
+    res = Result([], [], 0, 0.0)
+
+    async def worker(seq: list[str]) -> None:
+        for p in seq:
+            ttft, n = await one(client, model, p, tokens)
+            res.ttft.append(ttft)
+            res.tokens += n
+            if p is not LONG:
+                res.short_ttft.append(ttft)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker(seq) for seq in prompts))
+    res.wall = time.perf_counter() - start
+    await client.close()
+    return res
+
+
+def loads(rounds: int) -> dict[str, list[list[str]]]:
+    def short(c: int) -> list[str]:
+        return [SHORT[(c + r) % len(SHORT)] for r in range(rounds)]
+    return {"1 stream": [short(0)], "4 streams": [short(c) for c in range(4)],
+            "16 streams": [short(c) for c in range(16)],
+            "mixed 4 long + 12 short": [[LONG]] * 4 + [[SHORT[c % len(SHORT)]] for c in range(12)]}
+
+
+def start_flare(extra: list[str], port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "helios.cli", "run", "--port", str(port), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    line = proc.stdout.readline()  # the ready line (startup figures go to stderr)
+    if not line.startswith("flare: serving"):
+        proc.kill()
+        raise SystemExit(f"flare run did not start: {line!r}")
+    print(line.strip(), flush=True)
+    return proc
+
+
+async def model_id(url: str) -> str:
+    async with httpx.AsyncClient() as c:
+        return (await c.get(url.rstrip("/") + "/models", timeout=30)).json()["data"][0]["id"]
+
+
+def row(name: str, r: Result, mixed: bool) -> str:
+    extra = f"  short TTFT p99 {pct(r.short_ttft, 99):6.2f} s" if mixed else ""
+    return (f"{name:<7} {r.tok_s:7.1f} tok/s  TTFT p50 {pct(r.ttft, 50):6.2f} s  p99 {pct(r.ttft, 99):6.2f} s"
+            f"{extra}  ({r.tokens} tokens in {r.wall:.1f} s)")
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=32, help="output tokens per request")
+    ap.add_argument("--rounds", type=int, default=2, help="requests per client in the 1/4/16-stream loads")
+    ap.add_argument("--port", type=int, default=8765)
+    ap.add_argument("--flare-args", default="", help="extra `flare run` flags, e.g. '--weights int8'")
+    ap.add_argument("--flare-url", help="use an already running flare server instead of starting one")
+    ap.add_argument("--peer-url", help="an OpenAI-compatible base URL (…/v1) to run the identical load against")
+    args = ap.parse_args()
+
+    proc = None
+    url = args.flare_url
+    if url is None:
+        proc = start_flare(shlex.split(args.flare_args), args.port)
+        url = f"http://127.0.0.1:{args.port}/v1"
+    try:
+        servers = {"flare": (url, await model_id(url))}
+        if args.peer_url:
+            servers["peer"] = (args.peer_url, await model_id(args.peer_url))
+        print(f"load average at start: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})", flush=True)
+        results: dict[str, dict[str, Result]] = {}
+        for name, prompts in loads(args.rounds).items():
+            results[name] = {}
+            for server, (u, model) in servers.items():  # alternate servers load by load
+                results[name][server] = await run_load(u, model, prompts, args.tokens)
+                print(f"[{name}] {row(server, results[name][server], name.startswith('mixed'))}", flush=True)
+        print(f"load average at end: {os.getloadavg()[0]:.2f}\n")
+        for server in servers:
+            one_s, sixteen = results["1 stream"][server], results["16 streams"][server]
+            print(f"{server}: 16 streams / 1 stream aggregate tok/s = {sixteen.tok_s / one_s.tok_s:.2f}x (bar: >= 4x)")
+        if args.peer_url:
+            for name, by in results.items():
+                f, p = by["flare"], by["peer"]
+                line = f"flare/peer [{name}]: tok/s {f.tok_s / p.tok_s:.2f}x, TTFT p99 {pct(f.ttft, 99) / pct(p.ttft, 99):.2f}x"
+                if name.startswith("mixed"):
+                    line += f", short TTFT p99 {pct(f.short_ttft, 99) / pct(p.short_ttft, 99):.2f}x (goal <= 0.5x)"
+                print(line)
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
