@@ -19,7 +19,7 @@ import torch
 from fastapi.testclient import TestClient
 
 from helios.engine.torch_core import TorchCore, load_model
-from helios.engine.torch_driver import SyncDriver
+from helios.runtime.driver import SyncDriver
 from helios.config import PolicyConfig
 from helios.scheduler import Scheduler
 from helios.server import EngineOptions, ServerSettings, build_backend, create_app
