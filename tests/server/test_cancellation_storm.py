@@ -66,7 +66,7 @@ def test_cancellation_storm(server):
     t0 = time.monotonic()
     asyncio.run(storm())
     storm_s = time.monotonic() - t0
-    snap = wait_resources_free(server.url, timeout=30)
+    snap = wait_resources_free(server.url)
     def delta(name, **labels):
         return value(snap, name, **labels) - value(before, name, **labels)
 
@@ -90,7 +90,10 @@ def test_cancellation_storm(server):
 
 
 def test_disconnect_cancels_at_once(server):
-    """A stream whose client goes away mid-generation is cancelled before it would have ended."""
+    """Rule: a stream whose client goes away mid-generation is cancelled: it ends "cancelled"
+    with fewer tokens than it asked for, and its slot and pages come back."""
+    before = metrics(server.url)
+
     async def one():
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             async with http.stream("POST", "/v1/completions",
@@ -99,8 +102,12 @@ def test_disconnect_cancels_at_once(server):
                     break  # first chunk arrived: the request is decoding
 
     asyncio.run(one())
-    t0 = time.monotonic()
-    snap = wait_resources_free(server.url, timeout=10)
-    freed_s = time.monotonic() - t0
-    # 900 tokens take about 2 s at the sim's pace; the slot must come back long before that.
-    assert value(snap, "flare_request_slots_free") == 4 and freed_s < 1.0, freed_s
+    snap = wait_resources_free(server.url)
+
+    def delta(name, **labels):
+        return value(snap, name, **labels) - value(before, name, **labels)
+
+    assert delta("flare_requests_finished_total", finish_reason="cancelled") == 1
+    assert delta("flare_requests_finished_total", finish_reason="length") == 0
+    assert delta("flare_generation_tokens_total") < 900
+    assert value(snap, "flare_request_slots_free") == 4
