@@ -72,6 +72,30 @@ class FlareServer:
         return self.proc.returncode
 
 
+class InProcessServer:
+    """The app served by uvicorn on a thread of this process, on a free loopback port: real
+    HTTP and SSE for the openai client, with the backend (and a wrapped core) inspectable."""
+
+    def __init__(self, app, start_timeout: float = 60.0):
+        import uvicorn
+
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started or not self.thread.is_alive(), start_timeout, "uvicorn to start")
+        assert self.server.started, "the in-process server did not start"
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the in-process server did not stop"
+
+
 def metrics(url: str) -> dict[tuple, float]:
     """{(sample name, ((label, value), ...)): value} from /metrics."""
     text = httpx.get(url + "/metrics", timeout=10).text
