@@ -243,12 +243,12 @@ class Runtime:
         """Fail only the frame's requests; resolve the fence so slots and pages come back."""
         self.stats.faults += 1
         log.warning("fence %d failed: %s", fence, message)
-        now = self._now()
         for lane in plan.lanes:
             if (stream := self._streams.get(lane.handle)) is not None:
                 self._finish(stream, ERROR, message)
             elif lane.handle in self.scheduler.requests:
-                self.scheduler.cancel(lane.handle, now, FinishReason.ERROR)
+                # A fresh time: _finish above advanced the scheduler's clock past an earlier one.
+                self.scheduler.cancel(lane.handle, self._now(), FinishReason.ERROR)
         # Cancelled lanes may report zero tokens; no timing, so nothing is learned from a fault.
         records = [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, ()) for l in plan.lanes]
         self.scheduler.complete(fence, records, ExecutionTiming(()))

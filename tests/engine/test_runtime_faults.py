@@ -5,9 +5,17 @@ through helios.sim.soak, whose KeyedSimCore makes every request's uninterrupted 
 
 from __future__ import annotations
 
+import sys
+import threading
+from pathlib import Path
+
 import pytest
 
-from helios.sim.soak import SoakConfig, run_soak
+sys.path.insert(0, str(Path(__file__).parent))
+from runtime_helpers import make_runtime, resources  # noqa: E402
+
+from helios.graphs import GraphKind  # noqa: E402
+from helios.sim.soak import SoakConfig, run_soak  # noqa: E402
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -68,3 +76,34 @@ def test_short_soak_with_cancellations_and_faults():
     report = run_soak(SoakConfig(requests=600, seed=7))
     check_clean(report)
     assert report.outcomes.get("cancelled", 0) >= 20 and report.frame_faults >= 1
+
+
+def test_fault_in_a_frame_with_an_already_cancelled_lane_keeps_the_runtime_alive():
+    """Regression (found by the soak): a frame fails while one of its lanes was cancelled by the
+    host and a later lane is still live. Failing the frame used a time read before ending the
+    live lane, so the scheduler saw time go backwards and the whole runtime loop died."""
+    rt, sched, core = make_runtime()
+    entered, release, order = threading.Event(), threading.Event(), []
+
+    def hook(plan, fence):
+        if not order and plan.shape.kind is GraphKind.DECODE and len(plan.lanes) == 2:
+            order.extend(plan.handles)
+            entered.set()
+            release.wait(30)
+            core.faults.raise_on.add(fence)  # this frame fails after the host cancelled a lane
+
+    core.hook = hook
+    initial = resources(sched)
+    with rt:
+        streams = {s.handle: s for s in (rt.submit(list(range(20)), max_tokens=60) for _ in range(2))}
+        assert entered.wait(30), "the two requests never shared a decode frame"
+        first, second = order
+        streams[second].cancel()  # the later lane; the earlier one is still live when the frame fails
+        release.set()
+        assert streams[first].wait(30) and streams[first].finish_reason == "error"
+        assert streams[second].finish_reason == "cancelled"
+        after = rt.submit([1, 2, 3], max_tokens=4)
+        assert after.wait(30) and after.finish_reason == "length"
+        assert rt.error is None
+        assert rt.wait_idle(30)
+        assert resources(sched) == initial
