@@ -103,19 +103,20 @@ def prefill_window(steps: list[Step], handle: int) -> tuple[int, int]:
     return idx[0], idx[-1]
 
 
-def longest_decode_gap(steps: list[Step], long: int, decoder: int) -> int:
-    """While `long` is being prefilled (first to last of its prefill frames), the most frames
-    in a row that do not serve `decoder`, counted only while `decoder` is decoding (after its
-    first output, before its last frame)."""
-    first, last = prefill_window(steps, long)
+def longest_decode_stall(steps: list[Step], long: int, decoder: int) -> int:
+    """The most prefill frames of `long` that run in a row without `decoder` being served in
+    between, counted while `decoder` is decoding (after its first output, before its last
+    frame). Frames of other requests do not count: they are the other decoders' turns."""
     served = [i for i, s in enumerate(steps) if s.outputs(decoder)]
     if not served:
         return 0
-    start, end = max(first, served[0] + 1), min(last, served[-1])
-    gap = worst = 0
-    for i in range(start, end + 1):
-        gap = 0 if steps[i].has(decoder) else gap + 1
-        worst = max(worst, gap)
+    run = worst = 0
+    for step in steps[served[0] + 1:served[-1] + 1]:
+        if step.has(decoder):
+            run = 0
+        elif step.prefills(long):
+            run += 1
+            worst = max(worst, run)
     return worst
 
 

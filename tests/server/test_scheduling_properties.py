@@ -13,7 +13,7 @@ from fastapi.testclient import TestClient
 from helios.graphs import GraphKind
 from helios.server import EngineOptions, ServerSettings, build_backend, create_app
 
-from .plan_trace import Step, TracingCore, first_output_index, longest_decode_gap, prefill_window
+from .plan_trace import Step, TracingCore, first_output_index, longest_decode_stall, prefill_window
 from .support import wait_for
 
 CAPACITY = 256
@@ -78,8 +78,8 @@ def test_fcfs_baselines_violate_short_before_long(baseline):
 
 
 def decode_stall(scheduler: str) -> tuple[dict[int, int], int]:
-    """Two streams decode; a long prompt arrives. Returns each decoder's longest run of graphs
-    without it during the long prefill, and the number of the long prompt's prefill graphs."""
+    """Two streams decode; a long prompt arrives. Returns each decoder's longest run of the long
+    prompt's chunks without it, and the number of the long prompt's prefill graphs."""
     client, trace = serve(scheduler)
     with client:
         results: dict = {}
@@ -93,12 +93,12 @@ def decode_stall(scheduler: str) -> tuple[dict[int, int], int]:
         (long,) = trace.handle_with_prompt(lambda n: n == LONG)
         decoders = trace.handle_with_prompt(lambda n: n < 100)
         chunks = sum(s.prefills(long) for s in steps)
-        return {d: longest_decode_gap(steps, long, d) for d in decoders}, chunks
+        return {d: longest_decode_stall(steps, long, d) for d in decoders}, chunks
 
 
 @pytest.mark.parametrize("scheduler", ["vllm-fcfs", "direct"])
 def test_decode_first_baselines_interleave_every_chunk(scheduler):
-    """Decode-first baselines serve each decoder between any two prefill chunks (gap 1).
+    """Decode-first baselines serve each decoder between any two prefill chunks.
 
     Helios is checked on the real model (test_scheduler.py), where a chunk lasts longer than
     the 100 ms adaptation constant. Here a chunk lasts ~5 ms, far below it, and Helios may
@@ -120,5 +120,5 @@ def test_decode_gap_check_fails_on_a_prefill_first_order():
     prefill_first = [decode, decode] + [_step(0, P, (3, 256, 0))] * 3 + [_step(0, P, (3, 132, 1)), decode, decode]
     interleaved = [decode, decode] + [_step(0, P, (3, 256, 0)), decode] * 3 + [_step(0, P, (3, 132, 1)), decode]
     assert prefill_window(prefill_first, 3) == (2, 5)
-    assert longest_decode_gap(prefill_first, 3, 1) == 4  # every chunk: >= chunks, the check fails
-    assert longest_decode_gap(interleaved, 3, 1) == 1
+    assert longest_decode_stall(prefill_first, 3, 1) == 4  # every chunk in one stall: the check fails
+    assert longest_decode_stall(interleaved, 3, 1) == 1
