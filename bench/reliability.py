@@ -323,7 +323,7 @@ def main() -> None:
         soak(1000 if q else 10_000)
     if "fuzz" in a.parts:
         fuzz_figure("sim engine", sim, 30 if q else 150)
-        fuzz_figure("real model", ["--slots", "4", "--max-context", "512"], 5 if q else 20)
+        fuzz_figure("real model", ["--slots", "4", "--max-context", "256", "--prefill-capacity", "256"], 5 if q else 20)
     if "storms" in a.parts:
         tokens = 64 if a.storm_engine == "torch" else 400
         disconnect_storm(storm, 100 if q else 1000, tokens, 16)
