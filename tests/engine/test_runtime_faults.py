@@ -10,6 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).parent))
 from runtime_helpers import make_runtime, resources  # noqa: E402
@@ -107,3 +109,15 @@ def test_fault_in_a_frame_with_an_already_cancelled_lane_keeps_the_runtime_alive
         assert rt.error is None
         assert rt.wait_idle(30)
         assert resources(sched) == initial
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), slots=st.sampled_from([1, 2, 4, 8]), cancel=st.floats(0, 0.5),
+       faults=st.floats(0, 0.2), stops=st.floats(0, 1), concurrency=st.integers(1, 12))
+def test_property_no_lost_request_no_leak_exact_output(seed, slots, cancel, faults, stops, concurrency):
+    """Property (hypothesis): for any mix of slots, concurrency, cancellations, stop strings and
+    core faults, no request is lost, nothing leaks, and every output is an uninterrupted run's
+    (a prefix where a cancel or fault ended it)."""
+    report = run_soak(SoakConfig(requests=30, seed=seed, slots=slots, cancel_rate=cancel, fault_rate=faults,
+                                 stop_rate=stops, concurrency=concurrency, max_prompt=80, max_tokens=16))
+    check_clean(report)

@@ -111,3 +111,37 @@ def test_disconnect_cancels_at_once(server):
     assert delta("flare_requests_finished_total", finish_reason="length") == 0
     assert delta("flare_generation_tokens_total") < 900
     assert value(snap, "flare_request_slots_free") == 4
+
+
+def test_slow_readers_do_not_stall_other_streams(server):
+    """Rule: clients that stop reading their SSE streams (tiny receive buffers, never read) do not
+    delay other streams: these complete while the stalled connections stay open (the runtime
+    buffers each stream and never waits on a socket); closing the stalled connections then
+    leaves every slot and page free."""
+    before = metrics(server.url)
+    import socket
+
+    stalled = []
+    for i in range(2):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        payload = json.dumps({"prompt": f"never read {i} " * 5, "max_tokens": 900, "stream": True})
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  f"content-length: {len(payload)}\r\n\r\n{payload}".encode())
+        stalled.append(s)
+    try:
+        async def readers():
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+                return await asyncio.gather(*(http.post("/v1/completions", json={
+                    "prompt": f"reader {i}", "max_tokens": 40, "stream": True}) for i in range(3)))
+
+        results = asyncio.run(readers())
+        assert all(r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") for r in results)
+    finally:
+        for s in stalled:
+            s.close()
+    snap = wait_resources_free(server.url)
+    assert value(snap, "flare_request_slots_free") == 4
+    ended = sum(value(snap, "flare_requests_finished_total", finish_reason=k)
+                - value(before, "flare_requests_finished_total", finish_reason=k) for k in ("length", "cancelled"))
+    assert ended == 5 and value(snap, "flare_engine_faults_total") == 0
