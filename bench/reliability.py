@@ -262,7 +262,8 @@ def bad_bodies_and_admission(args: list[str], requests: int) -> None:
 # ---- drift ---------------------------------------------------------------------------------------
 
 def drift(requests: int, every: int, concurrency: int) -> None:
-    server = FlareServer("--slots", "4", "--max-queue", "16")
+    # No warm-up: the trend matters, not the first requests; a busy machine starts it faster.
+    server = FlareServer("--slots", "4", "--max-queue", "16", "--no-warmup", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         pid = server.proc.pid
