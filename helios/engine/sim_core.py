@@ -20,11 +20,20 @@ class CoreFault(HeliosError):
 
 @dataclass(slots=True)
 class SimFaults:
-    """Timing faults on demand: probabilities per frame, and fences that raise."""
+    """Faults on demand: timing faults as probabilities per frame, and frames that raise
+    (listed fences, every Nth fence, or each frame with a probability)."""
 
     missing_timing: float = 0.0  # every rank reports None
     zero_timing: float = 0.0  # every rank reports 0
+    rank_disagreement: float = 0.0  # one rank past rank 0 reports None, 0 or 2-10x the others
     raise_on: set = field(default_factory=set)
+    raise_every: int | None = None  # fences divisible by this raise
+    raise_rate: float = 0.0  # each frame raises with this probability
+
+    def raises(self, fence: Fence, rng: np.random.Generator) -> bool:
+        # Draw only when a rate is set, so other seeded streams are unchanged without one.
+        return (fence in self.raise_on or (self.raise_every is not None and fence % self.raise_every == 0)
+                or (self.raise_rate > 0.0 and float(rng.random()) < self.raise_rate))
 
 
 @dataclass(slots=True)
@@ -58,6 +67,7 @@ class SimCore:
         self.sidecar_shape = (2, request_slots, draft_capacity)
         self.confidence_noise = confidence_noise
         self._rng = np.random.default_rng(seed)
+        self._fault_rng = np.random.default_rng([seed, 1])  # its own stream: faults never shift tokens
         self._requests: dict[RequestHandle, _SimRequest] = {}
 
     def attach(self, handle: RequestHandle, prompt: Sequence[int] | int = 0, *, output_len: int | None = None,
@@ -73,7 +83,7 @@ class SimCore:
         return max(1, int(base * max(0.2, factor)))
 
     def execute(self, plan: ScheduledPlan, fence: Fence) -> Execution:
-        if fence in self.faults.raise_on:
+        if self.faults.raises(fence, self._fault_rng):
             raise CoreFault(f"injected fault at fence {fence}")
         duration = self.true_duration_ns(plan)
         if plan.shape.kind is GraphKind.SPECULATIVE:
@@ -142,4 +152,8 @@ class SimCore:
             jitter = 1.0 - 0.01 * self._rng.random(self.ranks)
             jitter[0] = 1.0
             intervals = tuple(int(duration * j) + self.readiness_ns for j in jitter)
+            if self.ranks > 1 and float(self._fault_rng.random()) < self.faults.rank_disagreement:
+                rank = int(self._fault_rng.integers(1, self.ranks))
+                odd = (None, 0, int(intervals[rank] * self._fault_rng.uniform(2.0, 10.0)))
+                intervals = intervals[:rank] + (odd[int(self._fault_rng.integers(3))],) + intervals[rank + 1:]
         return ExecutionTiming(intervals, self.readiness_ns or None, duration + self.readiness_ns + self.host_overhead_ns)

@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
@@ -147,7 +148,24 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
         req = parse_body(ChatCompletionRequest, await _read_body(request, service.settings.max_body_bytes))
         return await _serve(request, service, req, chat=True)
 
+    app.openapi = lambda: _openapi(app)
     return app
+
+
+def _openapi(app: FastAPI) -> dict:
+    """FastAPI's schema, plus the JSON bodies the two POST routes parse themselves (to answer
+    every bad body in OpenAI's error shape), so clients and schema-driven fuzzing see them."""
+    if app.openapi_schema is None:
+        schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+            body = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            components.update(body.pop("$defs", {}))
+            components[model.__name__] = body
+            schema["paths"][path]["post"]["requestBody"] = {"required": True, "content": {"application/json": {
+                "schema": {"$ref": f"#/components/schemas/{model.__name__}"}}}}
+        app.openapi_schema = schema
+    return app.openapi_schema
 
 
 def _model_card(model_id: str, service: Service) -> dict:

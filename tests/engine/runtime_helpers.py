@@ -108,9 +108,23 @@ def make_runtime(core_cls=PacedSimCore, *, tokenizer=None, slots: int = 4, pages
                              max_context=max_context, selection_slots=slots)
     scheduler = Scheduler(catalog, config=config)
     core = core_cls(catalog, **core_kw)
-    return Runtime(scheduler, core, tokenizer=tokenizer), scheduler, core
+    runtime = Runtime(scheduler, core, tokenizer=tokenizer)
+    _RUNTIMES[id(scheduler)] = runtime
+    return runtime, scheduler, core
+
+
+_RUNTIMES: dict[int, Runtime] = {}  # scheduler id -> the runtime that drives it
+
+
+def snapshot(scheduler):
+    """The scheduler's snapshot, under its runtime's lock when a runtime drives it (the
+    scheduler is not thread-safe)."""
+    runtime = _RUNTIMES.get(id(scheduler))
+    if runtime is None:
+        return scheduler.snapshot()
+    return runtime.scheduler_stats
 
 
 def resources(scheduler) -> tuple[int, int]:
-    snap = scheduler.snapshot()
+    snap = snapshot(scheduler)
     return snap.free_slots, snap.free_pages

@@ -36,19 +36,23 @@ def plan(shape, lanes):
 def test_scheduled_copy_speculation_is_lossless(loaded):
     tok = loaded.tokenizer
     prompt = chat(tok, HELLO)
-    outputs, stats = {}, None
+    outputs, stats = {}, {}
     for mode in (SpeculationMode.OFF, SpeculationMode.FIXED, SpeculationMode.ADAPTIVE):
         core = TorchCore(loaded=loaded, max_context=MAX_CONTEXT, speculation=mode)
         scheduler = Scheduler(core.catalog, PolicyConfig(), core.scheduler_config())
         d = SyncDriver(scheduler, core)
         h = d.submit(prompt, 28)
         d.run()
-        outputs[mode], stats = d.requests[h].tokens, scheduler.stats
+        outputs[mode], stats[mode] = d.requests[h].tokens, scheduler.stats
     assert outputs[SpeculationMode.FIXED] == outputs[SpeculationMode.OFF]
     assert outputs[SpeculationMode.ADAPTIVE] == outputs[SpeculationMode.OFF]
     assert len(outputs[SpeculationMode.OFF]) == 28
-    assert stats.speculative_programs > 0 and stats.speculative_accepted > 0
-    assert stats.speculative_learned_draws == 0  # copy proposals draw nothing
+    # Fixed width verifies drafts every round. Adaptive widths follow measured graph times on
+    # the real clock, so on a busy machine it may verify almost no drafts: only its output and
+    # its draws are checked (asserting its acceptance made this test flaky).
+    fixed = stats[SpeculationMode.FIXED]
+    assert fixed.speculative_programs > 0 and fixed.speculative_accepted > 0, fixed
+    assert all(s.speculative_learned_draws == 0 for s in stats.values())  # copy proposals draw nothing
 
 
 def run_rounds(core, prompts, max_tokens, width, seed_opts=None):

@@ -72,6 +72,30 @@ class FlareServer:
         return self.proc.returncode
 
 
+class InProcessServer:
+    """The app served by uvicorn on a thread of this process, on a free loopback port: real
+    HTTP and SSE for the openai client, with the backend (and a wrapped core) inspectable."""
+
+    def __init__(self, app, start_timeout: float = 60.0):
+        import uvicorn
+
+        self.app = app
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=5)
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
+        self.thread.start()
+        wait_for(lambda: self.server.started or not self.thread.is_alive(), start_timeout, "uvicorn to start")
+        assert self.server.started, "the in-process server did not start"
+
+    def stop(self, timeout: float = 60.0) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the in-process server did not stop"
+
+
 def metrics(url: str) -> dict[tuple, float]:
     """{(sample name, ((label, value), ...)): value} from /metrics."""
     text = httpx.get(url + "/metrics", timeout=10).text
@@ -95,17 +119,40 @@ def graph_delta(before: dict, after: dict) -> dict[str, int]:
     return {k: int(b[k] - a.get(k, 0)) for k in sorted(b) if b[k] - a.get(k, 0)}
 
 
-def wait_resources_free(url: str, timeout: float = 30.0) -> dict:
-    """Poll /metrics until no request is live and every slot and page is free."""
+def wait_for(predicate, timeout: float, what: str, poll_s: float = 0.01):
+    """Poll `predicate` until it returns something truthy (returned); fail with `what` after
+    `timeout` seconds instead of hanging. Deadlines are generous: they bound a hang, never
+    measure speed."""
     deadline = time.monotonic() + timeout
-    while True:
-        snap = metrics(url)
-        idle = (value(snap, "flare_requests_running") == 0 and value(snap, "flare_requests_waiting") == 0
-                and value(snap, "flare_request_slots_free") == value(snap, "flare_request_slots")
-                and value(snap, "flare_kv_pages_free") == value(snap, "flare_kv_pages"))
-        if idle or time.monotonic() > deadline:
-            return snap
-        time.sleep(0.1)
+    while not (result := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(poll_s)
+    return result
+
+
+def is_idle(snap: dict) -> bool:
+    """No live request, and every slot and page free, in one /metrics scrape."""
+    return (value(snap, "flare_requests_running") == 0 and value(snap, "flare_requests_waiting") == 0
+            and value(snap, "flare_request_slots_free") == value(snap, "flare_request_slots")
+            and value(snap, "flare_kv_pages_free") == value(snap, "flare_kv_pages"))
+
+
+def wait_resources_free(url: str, timeout: float = 60.0) -> dict:
+    """Poll /metrics until no request is live and every slot and page is free; returns that
+    scrape, or fails with the last one after `timeout` seconds."""
+    last: dict = {}
+
+    def idle():
+        last["snap"] = metrics(url)
+        return is_idle(last["snap"])
+
+    try:
+        wait_for(idle, timeout, "every slot and page to be free", poll_s=0.1)
+    except AssertionError as exc:
+        gauges = {k[0]: v for k, v in last["snap"].items() if k[0].startswith(("flare_request", "flare_kv"))}
+        raise AssertionError(f"{exc}; last scrape {gauges}") from None
+    return last["snap"]
 
 
 def sse_events(body: str) -> list:

@@ -4,7 +4,6 @@ schemas, SSE format, usage, every bad-input case, 429 on a full queue, models, m
 from __future__ import annotations
 
 import threading
-import time
 
 import openai
 import pytest
@@ -12,7 +11,7 @@ from fastapi.testclient import TestClient
 
 from helios.server import EngineOptions, ServerSettings, build_backend, create_app
 
-from .support import sse_events
+from .support import sse_events, wait_for
 
 SLOTS = 4
 MAX_CONTEXT = 256
@@ -35,15 +34,39 @@ def service(client: TestClient):
     return client.app.state.service
 
 
-def assert_idle(client: TestClient, timeout: float = 10.0) -> None:
+def scheduler_snapshot(client: TestClient):
+    """The scheduler's snapshot, taken under the runtime's lock (the scheduler is not thread-safe)."""
+    return service(client).runtime.scheduler_stats
+
+
+def assert_idle(client: TestClient, timeout: float = 30.0) -> None:
     """No live request, and every slot and page back (through the fence rules)."""
     s = service(client)
-    res = s.runtime.scheduler.resources
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not (
-            s.live == 0 and res.free_slots == res.total_slots and res.free_pages == res.total_pages):
-        time.sleep(0.02)
-    assert (s.live, res.free_slots, res.free_pages) == (0, res.total_slots, res.total_pages)
+
+    def idle():
+        snap = scheduler_snapshot(client)
+        return (s.live == 0 and snap.live == 0 and snap.free_slots == snap.total_slots
+                and snap.free_pages == snap.total_pages)
+
+    wait_for(idle, timeout, f"every slot and page to come back (last: {scheduler_snapshot(client)})")
+
+
+class CoreGate:
+    """Holds every engine frame until released, so a test controls what is still running
+    (no timing assumptions): wraps the backend core's execute in place."""
+
+    def __init__(self, core):
+        self.release = threading.Event()
+        self.entered = threading.Event()
+        inner = core.execute
+
+        def execute(plan, fence):
+            self.entered.set()
+            if not self.release.wait(60):
+                raise RuntimeError("CoreGate was never released")
+            return inner(plan, fence)
+
+        core.execute = execute
 
 
 def assert_error(response, status: int, param: str | None = "any"):
@@ -258,23 +281,23 @@ def test_no_slot_leaks_after_errors(client):
 # ---- overload and shutdown -------------------------------------------------------------------------
 
 def test_queue_full_answers_429():
-    with make_client(slots=1, max_queue=1, pace=1.0) as c:
+    """Rule: past slots + --max-queue, a request gets 429 with Retry-After at once (it is never
+    queued): it is answered while the engine is held, so nothing else could have finished."""
+    with make_client(slots=1, max_queue=1, pace=0.0) as c:
         s = service(c)
+        gate = CoreGate(s.backend.core)
         results = []
         threads = [threading.Thread(target=lambda: results.append(
             c.post("/v1/completions", json={"prompt": "long", "max_tokens": 150}).status_code)) for _ in range(2)]
         for t in threads:
             t.start()
-        deadline = time.monotonic() + 10
-        while s.live < 2 and time.monotonic() < deadline:
-            time.sleep(0.005)
-        assert s.live == 2
-        t0 = time.monotonic()
+        wait_for(lambda: s.live == 2 and gate.entered.is_set(), 30, "two admitted requests and a held frame")
         r = c.post("/v1/completions", json={"prompt": "one more", "max_tokens": 2})
-        assert time.monotonic() - t0 < 1.0  # answered at once, never queued
         assert assert_error(r, 429)["code"] == "queue_full" and r.headers["retry-after"] == "1"
+        assert s.live == 2 and results == []  # answered while both were still held
+        gate.release.set()
         for t in threads:
-            t.join(30)
+            t.join(60)
         assert results == [200, 200]
         assert c.post("/v1/completions", json={"prompt": "after", "max_tokens": 2}).status_code == 200
         assert_idle(c)
@@ -289,34 +312,50 @@ def test_draining_answers_503():
         s.draining = False
 
 
+def release_after_cancel(s, gate: CoreGate) -> None:
+    """Release the held frame only once shutdown has ended the request, so the request
+    certainly outlives the grace period, however slow the machine."""
+    def run():
+        wait_for(lambda: s.live == 0, 60, "shutdown to end the request")
+        gate.release.set()
+    threading.Thread(target=run, daemon=True).start()
+
+
 def test_shutdown_cancels_inflight_within_grace():
-    with make_client(slots=2, pace=1.0, shutdown_grace_s=0.2) as c:
+    """Rule: drain() ends a request that outlives the grace period with a clear 503 and
+    returns (its threads joined within its bound); the slot comes back."""
+    with make_client(slots=2, pace=0.0, shutdown_grace_s=0.2) as c:
         s = service(c)
+        gate = CoreGate(s.backend.core)  # held: the request cannot finish within the grace
         out = {}
         t = threading.Thread(target=lambda: out.update(r=c.post("/v1/completions", json={
             "prompt": "slow", "max_tokens": 240})))
         t.start()
-        while s.live < 1:
-            time.sleep(0.005)
-        t0 = time.monotonic()
+        wait_for(lambda: s.live == 1 and gate.entered.is_set(), 30, "the request to reach the engine")
+        release_after_cancel(s, gate)
         assert s.drain()
-        assert time.monotonic() - t0 < 5
-        t.join(10)
-        assert_error(out["r"], 503)
-        assert s.runtime.scheduler.resources.free_slots == 2
+        t.join(60)
+        assert not t.is_alive(), "the client was never answered"
+        err = assert_error(out["r"], 503)
+        assert err["code"] == "cancelled" and "shutting down" in err["message"]
+        snap = scheduler_snapshot(c)
+        assert (snap.free_slots, snap.free_pages, snap.live) == (2, snap.total_pages, 0)
 
 
 def test_shutdown_ends_streams_with_an_error_event():
-    with make_client(slots=2, pace=1.0, shutdown_grace_s=0.2) as c:
+    """Rule: a stream cut by shutdown ends with an error event (code "cancelled") and [DONE]."""
+    with make_client(slots=2, pace=0.0, shutdown_grace_s=0.2) as c:
         s = service(c)
+        gate = CoreGate(s.backend.core)
         out = {}
         t = threading.Thread(target=lambda: out.update(r=c.post("/v1/chat/completions", json={
             "messages": [{"role": "user", "content": "slow"}], "max_tokens": 200, "stream": True})))
         t.start()
-        while s.live < 1:
-            time.sleep(0.005)
+        wait_for(lambda: s.live == 1 and gate.entered.is_set(), 30, "the stream to reach the engine")
+        release_after_cancel(s, gate)
         assert s.drain()
-        t.join(10)
+        t.join(60)
+        assert not t.is_alive(), "the client was never answered"
         events = sse_events(out["r"].text)
         assert events[-1] == "[DONE]" and events[-2]["error"]["code"] == "cancelled"
         assert events[0]["choices"][0]["delta"]["role"] == "assistant"

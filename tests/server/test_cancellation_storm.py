@@ -66,7 +66,7 @@ def test_cancellation_storm(server):
     t0 = time.monotonic()
     asyncio.run(storm())
     storm_s = time.monotonic() - t0
-    snap = wait_resources_free(server.url, timeout=30)
+    snap = wait_resources_free(server.url)
     def delta(name, **labels):
         return value(snap, name, **labels) - value(before, name, **labels)
 
@@ -90,7 +90,10 @@ def test_cancellation_storm(server):
 
 
 def test_disconnect_cancels_at_once(server):
-    """A stream whose client goes away mid-generation is cancelled before it would have ended."""
+    """Rule: a stream whose client goes away mid-generation is cancelled: it ends "cancelled"
+    with fewer tokens than it asked for, and its slot and pages come back."""
+    before = metrics(server.url)
+
     async def one():
         async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
             async with http.stream("POST", "/v1/completions",
@@ -99,8 +102,46 @@ def test_disconnect_cancels_at_once(server):
                     break  # first chunk arrived: the request is decoding
 
     asyncio.run(one())
-    t0 = time.monotonic()
-    snap = wait_resources_free(server.url, timeout=10)
-    freed_s = time.monotonic() - t0
-    # 900 tokens take about 2 s at the sim's pace; the slot must come back long before that.
-    assert value(snap, "flare_request_slots_free") == 4 and freed_s < 1.0, freed_s
+    snap = wait_resources_free(server.url)
+
+    def delta(name, **labels):
+        return value(snap, name, **labels) - value(before, name, **labels)
+
+    assert delta("flare_requests_finished_total", finish_reason="cancelled") == 1
+    assert delta("flare_requests_finished_total", finish_reason="length") == 0
+    assert delta("flare_generation_tokens_total") < 900
+    assert value(snap, "flare_request_slots_free") == 4
+
+
+def test_slow_readers_do_not_stall_other_streams(server):
+    """Rule: clients that stop reading their SSE streams (tiny receive buffers, never read) do not
+    delay other streams: these complete while the stalled connections stay open (the runtime
+    buffers each stream and never waits on a socket); closing the stalled connections then
+    leaves every slot and page free."""
+    before = metrics(server.url)
+    import socket
+
+    stalled = []
+    for i in range(2):
+        s = socket.create_connection(("127.0.0.1", server.port))
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        payload = json.dumps({"prompt": f"never read {i} " * 5, "max_tokens": 900, "stream": True})
+        s.sendall(f"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                  f"content-length: {len(payload)}\r\n\r\n{payload}".encode())
+        stalled.append(s)
+    try:
+        async def readers():
+            async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+                return await asyncio.gather(*(http.post("/v1/completions", json={
+                    "prompt": f"reader {i}", "max_tokens": 40, "stream": True}) for i in range(3)))
+
+        results = asyncio.run(readers())
+        assert all(r.status_code == 200 and r.text.endswith("data: [DONE]\n\n") for r in results)
+    finally:
+        for s in stalled:
+            s.close()
+    snap = wait_resources_free(server.url)
+    assert value(snap, "flare_request_slots_free") == 4
+    ended = sum(value(snap, "flare_requests_finished_total", finish_reason=k)
+                - value(before, "flare_requests_finished_total", finish_reason=k) for k in ("length", "cancelled"))
+    assert ended == 5 and value(snap, "flare_engine_faults_total") == 0

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from helios.server import EngineOptions, ServerSettings, build_backend, create_app
 
-from .support import sse_events
+from .support import sse_events, wait_for
 
 SLOTS = 4
 
@@ -97,14 +97,16 @@ def test_fuzz_raw_bodies(client, raw, chat):
 
 
 def test_after_fuzz_everything_is_free(client):
-    import time
-
+    """Runs after the fuzz above (same client): nothing live, every slot and page free."""
     service = client.app.state.service
-    res = service.runtime.scheduler.resources
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (service.live or res.free_slots != SLOTS):
-        time.sleep(0.02)
+
+    def snapshot():
+        return service.runtime.scheduler_stats
+
+    wait_for(lambda: service.live == 0 and snapshot().live == 0 and snapshot().free_slots == SLOTS, 30,
+             "every request to end after the fuzz")
+    snap = snapshot()
     assert client.get("/health").json() == {"status": "ok"}
-    assert (service.live, res.free_slots, res.free_pages) == (0, SLOTS, res.total_pages)
+    assert (service.live, snap.free_slots, snap.free_pages) == (0, SLOTS, snap.total_pages)
     assert service.runtime.stats.faults == 0 and service.runtime.error is None
     assert client.post("/v1/completions", json={"prompt": "fine", "max_tokens": 4}).json()["choices"][0]["text"] == "fine"

@@ -1,52 +1,89 @@
-"""The spec's HTTP scheduler scenarios against a real `flare run` (the embedded SmolLM2 on
-TorchCore) through the openai client: concurrent long prompts, two and four decode streams, a
-long prompt arriving during decode, short/long prompt contention, and cancellation followed by
-slot reuse; for ordinary, fixed-width and adaptive speculative execution.
+"""The spec's HTTP scheduler scenarios against the real model (the embedded SmolLM2 on
+TorchCore, served over loopback HTTP) through the openai client: concurrent long prompts, two
+and four decode streams, a long prompt arriving during decode, short/long prompt contention,
+and cancellation followed by slot reuse; for ordinary, fixed-width and adaptive speculative
+execution.
+
+The server runs in this process with its core wrapped in a plan trace (plan_trace.py), so the
+scheduling properties are asserted on the order of executed graphs, never on wall-clock time:
+- while a long prompt is prefilled, each decoding stream is served between any two of its
+  prefill chunks (at most MAX_STALL_CHUNKS chunks in a row without that stream);
+- with short/long contention, each short request's first output comes before the long
+  prompt's prefill completes (the catalog allows it: the long prompt needs several chunks and
+  a slot is free for each short one).
+tests/server/test_scheduling_properties.py shows both checks fail under baselines where they
+should, on the sim engine.
 
 Run with -s to see prompt/output token counts, client SSE arrival gaps and the server's graph
 counter deltas. SSE arrival gaps are not device execution times or per-token latencies.
-FLARE_SCHEDULER_TEST_URL=http://host:port runs the scenarios against an already running server.
+FLARE_SCHEDULER_TEST_URL=http://host:port runs the scenarios against an already running server
+(completion checks only: an external server has no trace).
 """
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import statistics
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import openai
 import pytest
 
-from .support import FlareServer, graph_delta, metrics, value, wait_resources_free
+from helios.errors import ConfigError
+from helios.server import EngineOptions, ServerSettings, build_backend, create_app
+
+from .plan_trace import TracingCore, first_output_index, longest_decode_stall, prefill_window
+from .support import InProcessServer, graph_delta, metrics, value, wait_for, wait_resources_free
 
 SLOTS = 4
 PREFILL_CAPACITY = 512  # the largest chunk a 2-core CI run affords (1024 tokens take ~2 s)
 MAX_CONTEXT = 1024
 EXTERNAL = os.environ.get("FLARE_SCHEDULER_TEST_URL")
 MODES = ["external"] if EXTERNAL else ["off", "fixed", "adaptive"]
+# On a CPU every real prefill chunk (64 tokens ~0.14 s, 512 tokens ~0.7 s) lasts longer than the
+# policy's 100 ms adaptation constant, so after one chunk a waiting decoder's price outgrows the
+# prompt's: a decoder may wait out one chunk (and the other decoders' turns), never two chunks.
+MAX_STALL_CHUNKS = 1
 WORDS = ("river stone light garden window morning quiet number paper signal orange careful travel "
          "machine simple forest letter bridge summer winter market honest").split()
 
 
+@dataclass
+class Served:
+    url: str
+    trace: TracingCore | None  # None for an external server
+    service: object = None  # the app's Service (live requests), in process only
+
+
 @pytest.fixture(scope="module", params=MODES)
-def server(request):
+def served(request):
     if request.param == "external":
-        yield EXTERNAL.rstrip("/")
+        yield Served(EXTERNAL.rstrip("/"), None)
         return
-    s = FlareServer("--speculation", request.param, "--slots", str(SLOTS), "--prefill-capacity",
-                    str(PREFILL_CAPACITY), "--max-context", str(MAX_CONTEXT), "--max-queue", "16")
-    if s.ready_line is None:
-        err = s.error_text().strip()
-        s.stop()
-        if s.exit_code == 2 and "--speculation" in err:
-            pytest.skip(f"--speculation {request.param} is not supported by this build: {err}")
-        pytest.fail(f"flare run --speculation {request.param} did not start: {err}")
-    print(f"\n[{request.param}] {s.ready_line}")
-    yield s.url
-    assert s.stop() == 0
+    try:
+        backend = build_backend(EngineOptions(engine="torch", speculation=request.param, slots=SLOTS,
+                                              prefill_capacity=PREFILL_CAPACITY, max_context=MAX_CONTEXT))
+    except ConfigError as exc:
+        if exc.field == "speculation":
+            pytest.skip(f"--speculation {request.param} is not supported by this build: {exc}")
+        raise
+    trace = backend.core = TracingCore(backend.core)
+    s = InProcessServer(create_app(backend, ServerSettings(max_queue=16)))
+    print(f"\n[{request.param}] serving {backend.model_id} on {s.url}")
+    yield Served(s.url, trace, s.app.state.service)
+    s.stop()
+    del backend, trace, s
+    gc.collect()  # one model in memory at a time
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    return served.url
 
 
 @pytest.fixture()
@@ -131,8 +168,16 @@ def test_decode_streams(server, client, streams):
     check_complete(results, 24)
 
 
-def test_long_prompt_during_decode(server, client):
+def new_handles(trace: TracingCore | None, since: int) -> list[int]:
+    """Handles attached after the first `since`, in attach order."""
+    return [] if trace is None else list(trace.prompts)[since:]
+
+
+def test_long_prompt_during_decode(served, server, client):
+    """Property: while a long prompt (several prefill chunks) is prefilled, each decoding stream
+    is served between any MAX_STALL_CHUNKS + 1 of its chunks."""
     before = metrics(server)
+    mark = len(served.trace.prompts) if served.trace else 0
     decoding = threading.Barrier(3, timeout=300)
 
     def decoder(i):
@@ -146,7 +191,7 @@ def test_long_prompt_during_decode(server, client):
 
     def late_long():
         decoding.wait()
-        r = stream_completion(client, long_prompt(420, 99), 4)
+        r = stream_completion(client, long_prompt(800, 99), 4)
         r["submitted"] = r["arrivals"][0] - r["ttft"] if r["arrivals"] else None
         return r
 
@@ -154,20 +199,63 @@ def test_long_prompt_during_decode(server, client):
     report("long prompt arriving during decode", results, before, metrics(server))
     check_complete(results[:2], 40)
     check_complete(results[2:], 4)
+    assert results[2]["usage"].prompt_tokens > PREFILL_CAPACITY  # the catalog needs two chunks
     t = results[2]["submitted"]
     stalls = [max((b - a for a, b in zip(r["arrivals"], r["arrivals"][1:]) if b > t), default=0) for r in results[:2]]
     print(f"    decoders' largest SSE gap after the long prompt arrived: {[f'{s * 1e3:.0f} ms' for s in stalls]}")
+    if served.trace is None:
+        return
+    steps = served.trace.snapshot()
+    handles = new_handles(served.trace, mark)
+    (long,) = [h for h in handles if served.trace.prompts[h] > PREFILL_CAPACITY]
+    decoders = [h for h in handles if h != long]
+    first, last = prefill_window(steps, long)
+    stalls = {d: longest_decode_stall(steps, long, d) for d in decoders}
+    print(f"    long prompt prefilled in graphs {first}..{last}; most of its chunks in a row without each "
+          f"decoder: {stalls}")
+    assert last > first, "the long prompt should need two prefill chunks"
+    assert all(n <= MAX_STALL_CHUNKS for n in stalls.values()), (stalls, served.trace.summary())
 
 
-def test_short_long_contention(server, client):
+def test_short_long_contention(served, server, client):
+    """Property: short requests that arrive while a long prompt is being prefilled get their first
+    output before the long prompt's prefill completes."""
     before = metrics(server)
+    mark = len(served.trace.prompts) if served.trace else 0
     jobs = [lambda: stream_completion(client, long_prompt(800, 7), 4)]
-    jobs += [lambda i=i: stream_completion(client, f"Name a color. ({i})", 8, chat=True) for i in range(3)]
-    results = run_concurrently(jobs)
+    if served.trace is not None:
+        # The long prompt's first chunk is held in the engine until the short requests are
+        # admitted, so they arrive during its prefill however fast or slow the machine is.
+        trace, service = served.trace, served.service
+        trace.hold(lambda step: any(trace.prompts.get(h, 0) > 700 and p > 0 for h, p, _ in step.lanes))
+
+        def short(i):
+            assert trace.held.wait(300), "the long prompt's first chunk never reached the engine"
+            return stream_completion(client, f"Name a color. ({i})", 8, chat=True)
+
+        def release():
+            assert trace.held.wait(300), "the long prompt's first chunk never reached the engine"
+            wait_for(lambda: service.live == 4, 300, "the short requests to be admitted")
+            trace.release.set()
+            return None
+        jobs += [lambda i=i: short(i) for i in range(3)] + [release]
+    else:
+        jobs += [lambda i=i: stream_completion(client, f"Name a color. ({i})", 8, chat=True) for i in range(3)]
+    results = run_concurrently(jobs)[:4]
     report("short/long contention (#0 long)", results, before, metrics(server))
     check_complete(results[:1], 4)
     check_complete(results[1:], 8)
     assert results[0]["usage"].prompt_tokens > 700
+    if served.trace is None:
+        return
+    steps = served.trace.snapshot()
+    handles = new_handles(served.trace, mark)
+    long, shorts = handles[0], handles[1:]
+    first, last = prefill_window(steps, long)
+    firsts = {h: first_output_index(steps, h) for h in shorts}
+    print(f"    long prompt prefilled in graphs {first}..{last}; short requests' first outputs at {firsts}")
+    assert last > first, "the long prompt should need two prefill chunks"
+    assert all(i is not None and i < last for i in firsts.values()), (firsts, served.trace.summary())
 
 
 def test_cancellation_then_slot_reuse(server, client):
