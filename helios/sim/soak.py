@@ -21,9 +21,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from helios.config import SchedulerConfig
-from helios.engine.runtime import Runtime
+from helios.runtime.runtime import Runtime
 from helios.engine.sim_core import SimCore, SimFaults
-from helios.graphs import GraphKind, ordinary_catalog
+from helios.graphs import GraphKind
+from helios.prepare import ordinary_catalog
 from helios.scheduler import Scheduler
 
 EOS = 256  # outside the byte range: never decodes to text

@@ -53,7 +53,7 @@ class CountingCore:
 
 
 def test_warmup_discards_first_runs_and_rotates_rounds():
-    from helios.graphs import ordinary_catalog
+    from helios.prepare import ordinary_catalog
 
     core = CountingCore(ordinary_catalog(4, (64,)))
     report = measure(core, WarmupConfig(discard=1, rounds=3))
