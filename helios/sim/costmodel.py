@@ -192,16 +192,16 @@ class VidurCostModel:
     def packed_breakdown_ms(self, chunks: Sequence[int], context_lens: Sequence[int]) -> dict[str, float]:
         """One varlen forward (vLLM, Sarathi-Serve): row i runs chunks[i] prompt tokens over context_lens[i]
         cached ones, or one decode query when chunks[i] is 0. The linear layers run once on the real
-        packed tokens (no padding, one weight pass), prefill attention per chunk (collapsed into one
-        equivalent row, as for a prefill graph), decode attention over the decode rows, one overhead."""
+        packed tokens (no padding, one weight pass), prefill attention per chunk over its own context,
+        decode attention over the decode rows (batch size and mean KV), one per-forward overhead."""
         n = sum(c if c > 0 else 1 for c in chunks)
         decode_kv = [k for c, k in zip(chunks, context_lens) if c <= 0]
         prefill = [(c, k) for c, k in zip(chunks, context_lens) if c > 0]
         attention = 0.0
         if decode_kv:
             attention += self.decode_attention_ms(len(decode_kv), sum(decode_kv) / len(decode_kv))
-        if prefill:
-            attention += self.prefill_attention_ms([c for c, _ in prefill], [k for _, k in prefill])
+        # Varlen attention runs each request's chunk over its own KV: per chunk, as Vidur 0.0.26 prices it.
+        attention += sum(self.prefill_attention_ms([c], [k]) for c, k in prefill)
         layers = self.profile.layers
         return {"overhead": self.overhead_ms, "embedding": self.linear.emb_ms(n),
                 "linear": layers * self.linear.layer_ms(n), "comm": layers * self.comm_ms_per_token_layer * n,
