@@ -70,14 +70,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flare", description="Helios LLM-serving runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="serve an OpenAI-compatible API")
-    from helios.server.command import add_arguments as add_run_arguments
+    from helios.server.command import add_arguments as add_run_arguments, positive_int
 
     add_run_arguments(run)
     run.set_defaults(func=_run)
     sim = sub.add_parser("sim", help="simulate the scheduler on a virtual clock")
     sim.add_argument("--demo", action="store_true", help="a short SimCore run with a per-step trace")
-    sim.add_argument("--requests", type=_positive, default=8)
-    sim.add_argument("--steps", type=_positive, default=40)
+    sim.add_argument("--requests", type=positive_int, default=8)
+    sim.add_argument("--steps", type=positive_int, default=40)
     sim.add_argument("--seed", type=int, default=0)
     sim.set_defaults(func=_sim)
     sim_sub = sim.add_subparsers(dest="sim_command")
@@ -91,23 +91,13 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--seed", type=int, default=0)
     report.add_argument("--cost-model", default="h100-70b",
                         help="h100-70b, a100-70b-tp2 (a 70B estimate), a100-34b-tp2, h100-7b or realistic-small")
-    report.add_argument("--jobs", type=_positive,
+    report.add_argument("--jobs", type=positive_int,
                         help="worker processes (default: 2, or 1 on a 1-CPU machine); results do not change")
     report.add_argument("--quick", action="store_true", help="a tiny smoke configuration")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
-    bench.add_argument("--iterations", type=_positive, default=300)
+    bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)
     return parser
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def main(argv: list[str] | None = None) -> int:

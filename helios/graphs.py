@@ -1,4 +1,6 @@
-"""Prepared physical graphs: their kinds, their shape (the identity of a cost entry), the catalog."""
+"""Prepared physical graphs: their kinds, their shape (the identity of a cost entry), the catalog.
+
+Which graphs a catalog holds is decided in helios.prepare, from an engine's declared capacities."""
 
 from __future__ import annotations
 
@@ -148,39 +150,3 @@ class Catalog:
 
     def max_batch(self) -> int:
         return max(s.batch_capacity for s in self._shapes)
-
-
-def power_of_two_buckets(max_requests: int, smallest: int = 1) -> list[int]:
-    """Request buckets captured through padded concurrency: smallest, 2*smallest, ... max."""
-    if max_requests < 1:
-        raise ConfigError("max_requests", "must be at least 1")
-    buckets, b = [], smallest
-    while b < max_requests:
-        buckets.append(b)
-        b *= 2
-    buckets.append(max_requests)
-    return sorted(set(buckets))
-
-
-def ordinary_catalog(
-    max_batch: int = 64,
-    prefill_chunks: Iterable[int] = (64, 256, 1024, 4096),
-    max_prefill_tokens: int | None = None,
-    scored_prefill: bool = False,
-) -> Catalog:
-    """Decode at every power-of-two bucket; prefill at every (bucket, chunk) whose B x C fits.
-
-    `max_prefill_tokens` bounds B x C of prefill graphs (the activation envelope); by default
-    it is the largest chunk, so batched prefill is for short prompts only.
-    """
-    chunks = sorted(set(prefill_chunks))
-    for c in chunks:
-        if c <= 0 or c % 64:
-            raise ConfigError("prefill_chunks", f"prompt capacities are positive multiples of 64, got {c}")
-    envelope = max_prefill_tokens if max_prefill_tokens is not None else max(chunks)
-    buckets = power_of_two_buckets(max_batch)
-    shapes = [GraphShape(GraphKind.DECODE, b) for b in buckets]
-    kinds = [GraphKind.PREFILL] + ([GraphKind.SCORED_PREFILL] if scored_prefill else [])
-    for kind in kinds:
-        shapes += [GraphShape(kind, b, c) for b in buckets for c in chunks if b * c <= envelope]
-    return Catalog(shapes)

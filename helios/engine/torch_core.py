@@ -29,8 +29,8 @@ from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, 
 from helios.engine.torch_graphs import Packing, PreparedGraph, RowWork
 from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, validate_plan
 from helios.errors import ConfigError, InvalidRequest
-from helios.graphs import Catalog, GraphKind, ordinary_catalog
-from helios.prepare.speculative import with_speculation
+from helios.graphs import Catalog, GraphKind
+from helios.prepare import Capacities, build_catalog
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
 
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
@@ -76,12 +76,12 @@ class TorchCore:
         self.device = self.loaded.device
         self.config, self.model, self.tokenizer = self.loaded.config, self.loaded.model, self.loaded.tokenizer
         self.speculation = speculation
-        catalog = ordinary_catalog(max_batch, prefill_chunks)
-        if speculation is not SpeculationMode.OFF:
-            # Fixed speculation verifies one width; adaptive lets every prepared width compete.
-            # Copy proposals carry no device confidence, so both allocate rows on the host.
-            chosen = (max(widths),) if speculation is SpeculationMode.FIXED else tuple(widths)
-            catalog = with_speculation(catalog, max_batch, chosen, speculative_token_capacity, ragged=False)
+        # Fixed speculation verifies one width; adaptive lets every prepared width compete.
+        # Copy proposals carry no device confidence, so both allocate rows on the host (no ragged).
+        chosen = (max(widths),) if speculation is SpeculationMode.FIXED else tuple(widths)
+        self.capacities = Capacities(max_batch, tuple(prefill_chunks), speculation=speculation, widths=chosen,
+                                     speculative_token_capacity=speculative_token_capacity, ragged=False)
+        catalog = build_catalog(self.capacities)
         self.catalog: Catalog = catalog
         # A row's padded tail runs up to (graph length - 1) positions past its real tokens, so
         # the cache keeps that margin beyond the usable context.

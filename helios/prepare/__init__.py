@@ -1,5 +1,9 @@
-"""Catalog construction: power-of-two request buckets, the speculative envelope R."""
+"""Catalog construction: every catalog is built here from an engine's declared Capacities
+(power-of-two buckets, prefill chunks, the speculative envelope R, load-time reduction)."""
 
+from helios.prepare.catalog import Capacities, build_catalog
+from helios.prepare.ordinary import ordinary_catalog, power_of_two_buckets, prefill_chunks
 from helios.prepare.speculative import reduce_capacities, speculative_shapes, with_speculation
 
-__all__ = ["reduce_capacities", "speculative_shapes", "with_speculation"]
+__all__ = ["Capacities", "build_catalog", "ordinary_catalog", "power_of_two_buckets", "prefill_chunks",
+           "reduce_capacities", "speculative_shapes", "with_speculation"]

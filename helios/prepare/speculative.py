@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from helios.errors import ConfigError
-from helios.graphs import Catalog, GraphKind, GraphShape, power_of_two_buckets
+from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.prepare.ordinary import power_of_two_buckets
 
 
 def speculative_shapes(max_batch: int, widths: Iterable[int], token_capacity: int,

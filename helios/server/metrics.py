@@ -69,25 +69,10 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-def snapshot(runtime) -> dict:
-    """A consistent copy of the scheduler's and runtime's counters and resources."""
-    snap, stats = runtime.snapshot()
-    return {
-        "nanoseconds": dict(snap.nanoseconds),
-        "executions": dict(snap.executions),
-        "by_shape": {(sh.kind.value, sh.label()): n for sh, n in snap.by_shape.items()},
-        "speculative": {key: snap.speculative.get(key, 0) for _, key, _ in _SPECULATIVE},
-        "wall_ns": stats.wall_ns_by_shape,
-        "estimates": {(sh.kind.value, sh.label()): est for sh, est in snap.estimates_ns.items()},
-        "running": snap.running,
-        "waiting": snap.waiting,
-        "free_slots": snap.free_slots,
-        "total_slots": snap.total_slots,
-        "free_pages": snap.free_pages,
-        "total_pages": snap.total_pages,
-        "faults": stats.faults,
-        "submitted": stats.submitted,
-    }
+def _per_graph(family, values) -> None:
+    """Add one sample per prepared graph, labelled by its kind and shape label."""
+    for label, n in sorted(values):
+        family.add_metric([label.split("[", 1)[0], label], n)
 
 
 class _RuntimeCollector:
@@ -95,42 +80,38 @@ class _RuntimeCollector:
         self.runtime = runtime
 
     def collect(self):
-        snap = snapshot(self.runtime)
+        snap, stats = self.runtime.snapshot()  # one consistent state per scrape
         ns = CounterMetricFamily("flare_scheduler_execution_nanoseconds",
                                  "measured execution time by execution class", labels=["class"])
         ex = CounterMetricFamily("flare_scheduler_executions", "executions by execution class", labels=["class"])
-        for cls, value in snap["nanoseconds"].items():
+        for cls, value in snap.nanoseconds.items():
             ns.add_metric([cls], value)
-            ex.add_metric([cls], snap["executions"][cls])
+            ex.add_metric([cls], snap.executions[cls])
         yield ns
         yield ex
-        for name, attr, doc in _SPECULATIVE:
-            yield CounterMetricFamily(f"flare_speculative_{name}", doc, value=snap["speculative"][attr])
+        for name, key, doc in _SPECULATIVE:
+            yield CounterMetricFamily(f"flare_speculative_{name}", doc, value=snap.speculative.get(key, 0))
         graphs = CounterMetricFamily("flare_graph_executions", "completed executions by graph kind and shape",
                                      labels=["kind", "shape"])
-        for (kind, label), n in sorted(snap["by_shape"].items()):
-            graphs.add_metric([kind, label], n)
+        _per_graph(graphs, ((sh.label(), n) for sh, n in snap.by_shape.items()))
         yield graphs
         wall = CounterMetricFamily("flare_graph_wall_nanoseconds",
                                    "dispatch-to-completion host time by graph kind and shape",
                                    labels=["kind", "shape"])
-        for label, n in sorted(snap["wall_ns"].items()):
-            wall.add_metric([label.split("[", 1)[0], label], n)
+        _per_graph(wall, stats.wall_ns_by_shape.items())
         yield wall
         est = GaugeMetricFamily("flare_graph_estimated_duration_nanoseconds",
                                 "the scheduler's current duration estimate of each measured graph",
                                 labels=["kind", "shape"])
-        for (kind, label), n in sorted(snap["estimates"].items()):
-            est.add_metric([kind, label], n)
+        _per_graph(est, ((sh.label(), n) for sh, n in snap.estimates_ns.items()))
         yield est
-        yield GaugeMetricFamily("flare_requests_running", "live requests holding a request slot",
-                                value=snap["running"])
+        yield GaugeMetricFamily("flare_requests_running", "live requests holding a request slot", value=snap.running)
         yield GaugeMetricFamily("flare_requests_waiting", "live requests waiting for a request slot",
-                                value=snap["waiting"])
-        yield GaugeMetricFamily("flare_request_slots_free", "free request slots", value=snap["free_slots"])
-        yield GaugeMetricFamily("flare_request_slots", "request slots", value=snap["total_slots"])
-        yield GaugeMetricFamily("flare_kv_pages_free", "free KV-cache pages", value=snap["free_pages"])
-        yield GaugeMetricFamily("flare_kv_pages", "KV-cache pages", value=snap["total_pages"])
-        yield CounterMetricFamily("flare_engine_faults", "frames that failed in the engine", value=snap["faults"])
+                                value=snap.waiting)
+        yield GaugeMetricFamily("flare_request_slots_free", "free request slots", value=snap.free_slots)
+        yield GaugeMetricFamily("flare_request_slots", "request slots", value=snap.total_slots)
+        yield GaugeMetricFamily("flare_kv_pages_free", "free KV-cache pages", value=snap.free_pages)
+        yield GaugeMetricFamily("flare_kv_pages", "KV-cache pages", value=snap.total_pages)
+        yield CounterMetricFamily("flare_engine_faults", "frames that failed in the engine", value=stats.faults)
         yield CounterMetricFamily("flare_requests_submitted", "requests admitted to the runtime",
-                                  value=snap["submitted"])
+                                  value=stats.submitted)

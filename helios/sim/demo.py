@@ -6,7 +6,7 @@ import numpy as np
 
 from helios.config import SchedulerConfig
 from helios.engine.sim_core import SimCore
-from helios.graphs import ordinary_catalog
+from helios.prepare import ordinary_catalog
 from helios.scheduler import RequestSpec, Scheduler
 from helios.sim.costmodel import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation, StepLog

@@ -17,8 +17,8 @@ from helios.baselines import make_scheduler
 from helios.config import SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
-from helios.graphs import Catalog, GraphKind, GraphShape, ordinary_catalog
-from helios.prepare import with_speculation
+from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.prepare import Capacities, build_catalog
 from helios.scheduler import RequestSpec
 from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import CostModel, SyntheticCostModel, VidurCostModel
@@ -49,9 +49,15 @@ class Setup:
     warmup: bool = True
     warmup_context: int = 1024  # KV length of every active row in the warm-up measurements
 
-    def catalog(self) -> Catalog:
-        # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope.
-        return ordinary_catalog(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks))
+    def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF) -> Capacities:
+        # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
+        # with speculation, programs of every width in SPEC_WIDTHS (ragged past R) replace ordinary decode.
+        return Capacities(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks),
+                          speculation=speculation, widths=tuple(SPEC_WIDTHS),
+                          speculative_token_capacity=SPEC_TOKEN_CAPACITY)
+
+    def catalog(self, speculation: SpeculationMode = SpeculationMode.OFF) -> Catalog:
+        return build_catalog(self.capacities(speculation))
 
     def config(self) -> SchedulerConfig:
         # Requests reserve their whole extent (prompt + max output) when first scheduled, so the page pool
@@ -210,12 +216,9 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
-    catalog, config = setup.catalog(), setup.config()
-    acceptance = None
-    if scheduler == "helios-spec":
-        catalog = with_speculation(catalog, setup.request_slots, SPEC_WIDTHS, SPEC_TOKEN_CAPACITY)
-        config = replace(config, speculation=SpeculationMode.ADAPTIVE)
-        acceptance = AcceptanceModel(seed=seed)
+    speculation = SpeculationMode.ADAPTIVE if scheduler == "helios-spec" else SpeculationMode.OFF
+    catalog, config = setup.catalog(speculation), replace(setup.config(), speculation=speculation)
+    acceptance = AcceptanceModel(seed=seed) if speculation is SpeculationMode.ADAPTIVE else None
     model = load_cost_model(setup.cost_model)
     sched = build_scheduler(scheduler, catalog, config)
     if setup.warmup:

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 
 from helios.config import SchedulerConfig
-from helios.graphs import GraphKind, ordinary_catalog
+from helios.graphs import GraphKind
+from helios.prepare import ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
 from helios.sim.costmodel import SyntheticCostModel
 

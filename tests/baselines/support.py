@@ -7,7 +7,8 @@ import random
 from helios.baselines import make_scheduler
 from helios.config import SchedulerConfig
 from helios.engine.sim_core import SimCore
-from helios.graphs import GraphKind, ordinary_catalog
+from helios.graphs import GraphKind
+from helios.prepare import ordinary_catalog
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, RequestSpec
 from helios.sim.loop import Arrival, Simulation
 

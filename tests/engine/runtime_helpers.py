@@ -1,4 +1,4 @@
-"""Shared fixtures for the runtime tests: an affine cost model, paced and scripted cores."""
+"""Shared fixtures for the runtime tests: paced and scripted cores, a decode-only tokenizer."""
 
 from __future__ import annotations
 
@@ -6,29 +6,24 @@ import threading
 import time
 
 from helios.config import SchedulerConfig
+from helios.engine.byte_tokenizer import ByteTokenizer
 from helios.engine.core import Execution
+from helios.engine.echo_core import AffineCost
 from helios.runtime.runtime import Runtime
 from helios.engine.sim_core import SimCore
-from helios.graphs import GraphKind, ordinary_catalog
+from helios.graphs import GraphKind
+from helios.prepare import ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, Scheduler
 
 EOS = 256  # outside the byte range, so it never decodes to text
 
 
-class AffineCost:
-    """decode ms = 2 + 0.05 B; prefill ms = 2 + 0.01 B C."""
+class DecodeOnlyTokenizer:
+    """The byte tokenizer seen through `decode` alone, so Publication takes its incremental
+    (sliding-window) decoding path rather than the exact token_bytes one."""
 
-    def duration_ns(self, shape, context_lens) -> int:
-        b = shape.batch_capacity
-        ms = 2 + 0.05 * b if shape.kind is GraphKind.DECODE else 2 + 0.01 * b * shape.token_capacity
-        return int(ms * 1e6)
-
-
-class ByteTokenizer:
-    """Token id = byte value."""
-
-    def decode(self, ids) -> str:
-        return bytes(ids).decode("utf-8", errors="replace")
+    def __init__(self):
+        self.decode = ByteTokenizer().decode
 
 
 class PacedSimCore(SimCore):

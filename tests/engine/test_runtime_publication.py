@@ -8,14 +8,15 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from runtime_helpers import ByteTokenizer, ScriptedCore, make_runtime, resources  # noqa: E402
+from helios.engine.byte_tokenizer import ByteTokenizer  # noqa: E402
+from runtime_helpers import DecodeOnlyTokenizer, ScriptedCore, make_runtime, resources  # noqa: E402
 
 from helios.runtime.publication import Publication, held_suffix  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def run_scripted(texts, stop=(), max_tokens=64, tokenizer=ByteTokenizer()):
+def run_scripted(texts, stop=(), max_tokens=64, tokenizer=DecodeOnlyTokenizer()):
     """Submit one request per text (its tokens are the text's bytes) and collect the events."""
     rt, sched, core = make_runtime(ScriptedCore, tokenizer=tokenizer, scale=0.05)
     initial = resources(sched)
@@ -75,12 +76,7 @@ def test_no_tokenizer_streams_ids_with_empty_text():
     assert s.token_ids == list(b"xyz") and s.finish_reason == "stop"
 
 
-class BytesTokenizer(ByteTokenizer):
-    def token_bytes(self, i):
-        return bytes([i])
-
-
-@pytest.mark.parametrize("tokenizer", [ByteTokenizer(), BytesTokenizer()], ids=["decode", "token_bytes"])
+@pytest.mark.parametrize("tokenizer", [DecodeOnlyTokenizer(), ByteTokenizer()], ids=["decode", "token_bytes"])
 def test_publication_unit(tokenizer):
     """Rule: pieces concatenate to the decoded text, minus everything from the stop string on."""
     pub = Publication(tokenizer, ("<end>",))

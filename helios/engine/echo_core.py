@@ -1,0 +1,80 @@
+"""EchoSimCore: the `flare run --engine sim` engine, for fast, deterministic HTTP tests.
+
+A SimCore paced in real time whose output tokens repeat the prompt's bytes cyclically (with a
+ByteTokenizer), so responses are predictable text; timing, acceptance and round sizes stay
+SimCore's, under an affine cost model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+
+from helios.config import SchedulerConfig
+from helios.engine.byte_tokenizer import ByteTokenizer
+from helios.engine.sim_core import SimCore
+from helios.graphs import GraphKind
+from helios.prepare import Capacities, build_catalog
+
+
+class AffineCost:
+    """decode ms = 2 + 0.05 B (+0.5 per extra verified position); prefill ms = 2 + 0.01 B C."""
+
+    def duration_ns(self, shape, context_lens) -> int:
+        b = shape.batch_capacity
+        if shape.kind.is_prefill:
+            ms = 2 + 0.01 * b * shape.token_capacity
+        else:
+            ms = 2 + 0.05 * b + 0.5 * (shape.token_capacity - 1)
+        return int(ms * 1e6)
+
+
+class EchoSimCore(SimCore):
+    """SimCore paced in real time (`pace` real seconds per simulated second) whose output tokens
+    repeat the prompt's bytes cyclically. It prepares the catalog of `capacities`."""
+
+    def __init__(self, capacities: Capacities, *, request_slots: int, max_context: int, pace: float = 1.0):
+        catalog = build_catalog(capacities)
+        depth = max((s.proposal_depth for s in catalog.of_kind(GraphKind.SPECULATIVE)), default=0)
+        self.draft_capacity = depth or 8  # the confidence sidecar's width, also without speculation
+        self.tokenizer = ByteTokenizer()
+        super().__init__(catalog, AffineCost(), seed=0, vocab=256, eos_id=self.tokenizer.eos_id,
+                         request_slots=request_slots, draft_capacity=self.draft_capacity)
+        self.capacities = capacities
+        self.request_slots = request_slots
+        self.max_context = max_context
+        self.pace = pace
+        self._prompts: dict[int, tuple[list[int], int]] = {}
+        self._lock = threading.Lock()
+
+    def scheduler_config(self, **overrides) -> SchedulerConfig:
+        """A SchedulerConfig that matches this core's slots, context and speculation."""
+        fields = dict(request_slots=self.request_slots, max_context=self.max_context,
+                      speculation=self.capacities.speculation, draft_capacity=self.draft_capacity,
+                      selection_slots=self.request_slots)
+        return SchedulerConfig(**{**fields, **overrides})
+
+    def attach(self, handle, prompt=0, **options) -> None:
+        super().attach(handle, prompt)
+        ids = [int(t) for t in prompt if int(t) < 256] or [ord("x")]
+        self._prompts[handle] = (ids, 0)
+
+    def detach(self, handle) -> None:
+        super().detach(handle)
+        self._prompts.pop(handle, None)
+
+    def execute(self, plan, fence):
+        with self._lock:
+            execution = super().execute(plan, fence)
+            records = tuple(dataclasses.replace(r, tokens=self._echo(r.handle, len(r.tokens)))
+                            for r in execution.records)
+        if self.pace:
+            time.sleep(execution.duration_ns * self.pace / 1e9)
+        return dataclasses.replace(execution, records=records)
+
+    def _echo(self, handle, n: int) -> tuple[int, ...]:
+        ids, pos = self._prompts.get(handle, ([ord("x")], 0))
+        out = tuple(ids[(pos + i) % len(ids)] for i in range(n))
+        self._prompts[handle] = (ids, pos + n)
+        return out

@@ -1,0 +1,64 @@
+"""Every catalog is built here, from the capacities an engine declares.
+
+An engine (TorchCore, SimCore and its echo variant, a simulator setup) says what it can prepare:
+its largest request bucket, its prefill chunks and their activation envelope, and its speculative
+programs (verification widths and the envelope R). `build_catalog` turns that into the prepared
+graphs: decode at every power-of-two bucket (or width-one speculative programs in its place),
+prefill at every (bucket, chunk) inside the envelope, and the speculative programs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from helios.config import SpeculationMode
+from helios.errors import ConfigError
+from helios.graphs import Catalog
+from helios.prepare.ordinary import ordinary_catalog
+from helios.prepare.speculative import with_speculation
+
+
+@dataclass(frozen=True, slots=True)
+class Capacities:
+    """What an engine can prepare.
+
+    max_batch                    largest request bucket (physical rows of a graph)
+    prefill_chunks               prompt capacities per row, positive multiples of 64
+    max_prefill_tokens           the B x C envelope of prefill graphs; None: the largest chunk
+    scored_prefill               also prepare scored-prefill graphs at every prefill shape
+    speculation                  off, or the speculative programs replace ordinary decode
+    widths                       verification widths W (pending token included) of those programs
+    speculative_token_capacity   R: aggregate target rows of one speculative program
+    ragged                       where B x W exceeds R, prepare a ragged program with P = R
+    """
+
+    max_batch: int
+    prefill_chunks: tuple[int, ...]
+    max_prefill_tokens: int | None = None
+    scored_prefill: bool = False
+    speculation: SpeculationMode = SpeculationMode.OFF
+    widths: tuple[int, ...] = (1, 2, 4)
+    speculative_token_capacity: int = 16
+    ragged: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "prefill_chunks", tuple(sorted(set(self.prefill_chunks))))
+        object.__setattr__(self, "widths", tuple(sorted(set(self.widths))))
+        object.__setattr__(self, "speculation", SpeculationMode(self.speculation))
+        if isinstance(self.max_batch, bool) or not isinstance(self.max_batch, int) or self.max_batch < 1:
+            raise ConfigError("max_batch", f"must be a positive integer, got {self.max_batch!r}")
+        if not self.prefill_chunks:
+            raise ConfigError("prefill_chunks", "an engine prepares at least one prefill chunk")
+        if self.max_prefill_tokens is not None and self.max_prefill_tokens < min(self.prefill_chunks):
+            raise ConfigError("max_prefill_tokens", f"{self.max_prefill_tokens} is below the smallest chunk")
+        if not self.widths or self.widths[0] < 1:
+            raise ConfigError("widths", f"verification widths are positive, got {self.widths!r}")
+
+
+def build_catalog(capacities: Capacities) -> Catalog:
+    """The prepared graphs of an engine with these capacities."""
+    c = capacities
+    catalog = ordinary_catalog(c.max_batch, c.prefill_chunks, c.max_prefill_tokens, c.scored_prefill)
+    if c.speculation is SpeculationMode.OFF:
+        return catalog
+    return with_speculation(catalog, c.max_batch, c.widths, c.speculative_token_capacity, c.ragged)
