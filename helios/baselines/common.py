@@ -21,15 +21,18 @@ in flight: `plan()` returns None while the queue is not empty, and every plan ca
 
 from __future__ import annotations
 
+import numpy as np
+
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.core import Scheduler
+from helios.scheduler.lanes import ordinary_lanes, requires_feedback as feedback_rule
 from helios.scheduler.cost import CostState
-from helios.scheduler.plan import Lane, ScheduledPlan, SelectionReason
-from helios.scheduler.requests import Phase, Request
+from helios.scheduler.plan import NO_SLOT, ScheduledPlan, SelectionReason
+from helios.scheduler.requests import DECODE, PREFILL
 
-Rows = list[tuple[Request, int]]  # (request, prompt tokens); 0 prompt tokens = a decode row
+Rows = list[tuple[int, int]]  # (request table row, prompt tokens); 0 prompt tokens = a decode row
 
 
 def smallest_decode(shapes, n: int) -> GraphShape | None:
@@ -65,12 +68,9 @@ def fit_rows(shapes, wants: list[int]) -> tuple[GraphShape, list[int]] | None:
     return shape, [min(w, shape.token_capacity) for w in wants]
 
 
-def prefill_kind(r: Request) -> GraphKind:
-    return GraphKind.SCORED_PREFILL if r.spec.score_prompt else GraphKind.PREFILL
-
-
 class BaselineScheduler(Scheduler):
-    """A `Scheduler` whose `plan()` delegates the choice of (shape, rows) to `_select()`."""
+    """A `Scheduler` whose selection is `_select()`: a (shape, rows) choice. Lanes, the feedback
+    rule and everything after selection are Helios's (`helios.scheduler.lanes`)."""
 
     name = "baseline"
     synchronous = True
@@ -78,12 +78,12 @@ class BaselineScheduler(Scheduler):
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, **kwargs):
         super().__init__(catalog, policy, config, **kwargs)
-        if not self._decode_shapes or not self._prefill_shapes[GraphKind.PREFILL]:
+        if not self.shapes.decode or not self.shapes.prefill:
             raise ConfigError("catalog", f"the {self.name} baseline needs decode and prefill graphs")
         # vLLM's max_num_seqs, S-LoRA's running_max_req_size: every resident request must fit
         # one decode graph, so a decode step can always serve all of them.
         self.max_running = min(self.resources.total_slots, self.config.selection_slots,
-                               max(s.batch_capacity for s in self._decode_shapes))
+                               max(s.batch_capacity for s in self.shapes.decode))
 
     # ---- the selection hook ----------------------------------------------------------
     def _select(self) -> tuple[GraphShape, Rows] | None:
@@ -104,38 +104,52 @@ class BaselineScheduler(Scheduler):
     def commit(self, plan: ScheduledPlan, fence) -> None:
         super().commit(plan, fence)  # validates everything before it changes anything
         extra = self._on_commit(plan)
+        lanes = plan.lanes
         extra.setdefault("scheduler", self.name)
-        extra.setdefault("tokens", sum(max(l.prompt_tokens, l.output_rows) for l in plan.lanes))
-        extra.setdefault("prompt_tokens", sum(l.prompt_tokens for l in plan.lanes))
+        extra.setdefault("tokens", int(np.maximum(lanes.prompt_tokens, lanes.output_rows).sum()))
+        extra.setdefault("prompt_tokens", int(lanes.prompt_tokens.sum()))
         self.traces[-1].extra.update(extra)
 
-    # ---- request views (arrival order: handles grow with admission) ------------------
-    def _live(self) -> list[Request]:
-        # `requests` is filled in admission order and never reordered: arrival order.
-        return [r for r in self.requests.values() if r.phase is not Phase.DONE]
+    # ---- request views: table rows in arrival order (handles grow with admission) -----
+    def _rows(self, mask_of) -> list[int]:
+        t = self.requests
+        rows = t.live_rows()
+        return rows[mask_of(t, rows)].tolist()
 
-    def running_decodes(self) -> list[Request]:
-        return [r for r in self._live() if r.phase is Phase.DECODE and r.output_left > 0
-                and r.context_tokens < self.config.max_context]
+    def running_decodes(self) -> list[int]:
+        limit = self.config.max_context
+        return self._rows(lambda t, r: (t.phase[r] == DECODE) & (t.output_left(r) > 0)
+                          & (t.context_tokens(r) < limit))
 
-    def resident_prefills(self) -> list[Request]:
-        return [r for r in self._live() if r.phase is Phase.PREFILL and r.slot is not None
-                and r.prompt_left > 0 and r.queued_prompt == 0]
+    def resident_prefills(self) -> list[int]:
+        return self._rows(lambda t, r: (t.phase[r] == PREFILL) & (t.slot[r] != NO_SLOT)
+                          & (t.prompt_left(r) > 0) & (t.queued_prompt[r] == 0))
 
-    def waiting(self) -> list[Request]:
-        return [r for r in self._live() if r.phase is Phase.PREFILL and r.slot is None
-                and r.queued_prompt == 0]
+    def waiting(self) -> list[int]:
+        return self._rows(lambda t, r: (t.phase[r] == PREFILL) & (t.slot[r] == NO_SLOT)
+                          & (t.queued_prompt[r] == 0))
 
     def resident_count(self) -> int:
-        return sum(1 for r in self.requests.values() if r.slot is not None)
+        t = self.requests
+        return int((t.occupied & (t.slot != NO_SLOT)).sum())
+
+    def prefill_kind(self, row: int) -> GraphKind:
+        return GraphKind.SCORED_PREFILL if self.requests.score_prompt[row] else GraphKind.PREFILL
+
+    def prompt_left(self, row: int) -> int:
+        t = self.requests
+        return int(t.prompt_tokens[row] - t.prompt_done[row] - t.queued_prompt[row])
+
+    def extent_pages(self, row: int) -> int:
+        return self.resources.extent_pages(self.requests.specs[row])
 
     # ---- cohorts ---------------------------------------------------------------------
-    def decode_rows(self, decodes: list[Request]) -> tuple[GraphShape, Rows] | None:
+    def decode_rows(self, decodes: list[int]) -> tuple[GraphShape, Rows] | None:
         if not decodes:
             return None
-        cap = max(s.batch_capacity for s in self._decode_shapes)
+        cap = max(s.batch_capacity for s in self.shapes.decode)
         rows = decodes[:cap]
-        return smallest_decode(self._decode_shapes, len(rows)), [(r, 0) for r in rows]
+        return smallest_decode(self.shapes.decode, len(rows)), [(r, 0) for r in rows]
 
     def fcfs_prefill(self, budget: int) -> tuple[GraphShape, Rows] | None:
         """Chunked prefill in arrival order within `budget` prompt tokens.
@@ -147,49 +161,40 @@ class BaselineScheduler(Scheduler):
         rows: Rows = []
         left, slots, pages = budget, self.resources.free_slots, self.resources.free_pages
         running, kind = self.resident_count(), None
+        t = self.requests
         for r in self.resident_prefills() + self.waiting():
             if left <= 0:
                 break
-            k = prefill_kind(r)
+            k = self.prefill_kind(r)
             if kind is not None and k is not kind:
                 break
-            shapes = self._prefill_shapes[k]
+            shapes = self.shapes.prefill_of(k)
             cap = prefill_cap(shapes, len(rows) + 1)
-            if cap == 0 or cap < max((t for _, t in rows), default=1):
+            if cap == 0 or cap < max((n for _, n in rows), default=1):
                 break
-            if r.slot is None:
-                need = self.resources.extent_pages(r.spec)
+            if t.slot[r] == NO_SLOT:
+                need = self.extent_pages(r)
                 if slots == 0 or need > pages or running >= self.max_running:
                     break
                 slots, pages, running = slots - 1, pages - need, running + 1
-            tokens = min(r.prompt_left, left, cap)
+            tokens = min(self.prompt_left(r), left, cap)
             rows.append((r, tokens))
             left -= tokens
             kind = k
         if not rows:
             return None
-        shape = smallest_prefill(self._prefill_shapes[kind], len(rows), max(t for _, t in rows))
+        shape = smallest_prefill(self.shapes.prefill_of(kind), len(rows), max(n for _, n in rows))
         return shape, rows
 
-    # ---- plan construction (see the report: a candidate for a core.py hook) -----------
-    def _lane_for(self, r: Request, prompt_tokens: int) -> Lane:
-        cursor = r.prompt_done + r.queued_prompt
-        if prompt_tokens == 0:
-            return Lane(r.handle, r.epoch, r.version, r.slot, cursor, 0, r.context_tokens, 1, 1.0, 1.0,
-                        0.0, needs_feedback=r.spec.host_feedback and bool(r.inflight))
-        finishes = prompt_tokens == r.prompt_left
-        return Lane(r.handle, r.epoch, r.version, r.slot, cursor, prompt_tokens, r.context_tokens,
-                    int(finishes), float(prompt_tokens + finishes), 0.0, 0.0)
-
+    # ---- plan construction: Helios's lanes and feedback rule ---------------------------
     def _build_plan(self, shape: GraphShape, rows: Rows, score: float = 0.0,
                     requires_feedback: bool | None = None) -> ScheduledPlan:
         now = self.now_ns
         est = self.costs.estimate_ns(shape)
         state = self.costs.state(shape, now)
-        lanes = tuple(self._lane_for(r, t) for r, t in rows)
+        lanes = ordinary_lanes(self.requests, shape, [r for r, _ in rows], [n for _, n in rows])
         if requires_feedback is None:
-            requires_feedback = (self.synchronous or not shape.kind.queueable
-                                 or state is not CostState.FRESH or any(l.needs_feedback for l in lanes))
+            requires_feedback = self.synchronous or feedback_rule(shape, state, lanes)
         reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
         return ScheduledPlan(shape, lanes, est, score, 0.0, reason, requires_feedback,
                              state is CostState.STALE, now, self.queue.expected_end_ns(now),

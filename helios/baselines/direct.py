@@ -32,7 +32,7 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.plan import ScheduledPlan
 from helios.scheduler.policy import best, decode_candidates
-from helios.scheduler.requests import Phase
+from helios.scheduler.requests import DECODE
 
 TTL_NS = 30_000_000_000
 KEEP = 7 / 8  # new = KEEP * old + (1 - KEEP) * sample
@@ -42,15 +42,13 @@ KEEP = 7 / 8  # new = KEEP * old + (1 - KEEP) * sample
 class _Average:
     estimate_ns: float
     last_valid_ns: int
-    observations: int = 1
-    last_attempt_ns: int | None = None
 
 
 class MovingAverageCost:
     """Graph costs as a 7/8 moving average that reverts to unmeasured after `ttl_ns`.
 
     Offers the `CostTable` interface the Helios scheduler core uses (observe, state,
-    estimate_ns, observation_age_ns, attempted, measured); `estimate_ns` without a time uses
+    estimate_ns, observation_age_ns, measured); `estimate_ns` without a time uses
     the latest time passed to `advance_to` or `observe`.
     """
 
@@ -81,7 +79,6 @@ class MovingAverageCost:
             return True
         e.estimate_ns = self.keep * e.estimate_ns + (1 - self.keep) * sample_ns
         e.last_valid_ns = now_ns
-        e.observations += 1
         return True
 
     def estimate_ns(self, shape: GraphShape, now_ns: int | None = None) -> int | None:
@@ -94,11 +91,6 @@ class MovingAverageCost:
     def observation_age_ns(self, shape: GraphShape, now_ns: int) -> int | None:
         e = self._valid(shape, now_ns)
         return None if e is None else now_ns - e.last_valid_ns
-
-    def attempted(self, shape: GraphShape, now_ns: int) -> None:
-        e = self._entries.get(shape)
-        if e is not None:
-            e.last_attempt_ns = now_ns
 
     def measured(self) -> dict[GraphShape, int]:
         return {s: est for s in self._entries if (est := self.estimate_ns(s)) is not None}
@@ -125,7 +117,7 @@ class DirectScheduler(BaselineScheduler):
         now = self.now_ns
         if not self.queue.accepts_more(now):
             return None
-        decoders = any(r.phase is Phase.DECODE for r in self.requests.values())
+        decoders = bool((self.requests.phase == DECODE).any())
         chunk = self.fcfs_prefill(self.prefill_budget) if self._last_decode or not decoders else None
         if chunk is not None:
             # Prefill needs an empty window: wait for the queued rounds to drain.
@@ -141,7 +133,7 @@ class DirectScheduler(BaselineScheduler):
         view = self._view()
         if view is None:
             return None
-        winner = best(decode_candidates(self._decode_shapes, self._cost_lookup(now), view.decode, view.waiting))
+        winner = best(decode_candidates(self.shapes.decode, self._cost_lookup(now), view.decode, view.waiting))
         return self._plan_from(winner, view)
 
     def _on_commit(self, plan: ScheduledPlan) -> dict:

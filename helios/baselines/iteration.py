@@ -10,12 +10,14 @@ sarathi/core/scheduler/sarathi_scheduler.py returns one batch per iteration.
 
 from __future__ import annotations
 
-from helios.baselines.common import BaselineScheduler, Rows, prefill_kind, smallest_prefill
+import numpy as np
+
+from helios.baselines.common import BaselineScheduler, Rows, smallest_prefill
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
-from helios.scheduler.plan import ScheduledPlan
-from helios.scheduler.requests import Phase, Request
+from helios.scheduler.plan import NO_SLOT, ScheduledPlan
+from helios.scheduler.requests import PREFILL
 
 
 class IterationScheduler(BaselineScheduler):
@@ -45,10 +47,11 @@ class IterationScheduler(BaselineScheduler):
         self.token_budget = budget
         self.packed = packed
         self.iteration = 0  # iterations started so far
-        # Prepared-graph mode: the prefill chunks chosen with the decode graph now being planned
-        # (`_proposed`) and with the one committed (`_pending`), which runs next.
-        self._proposed: Rows | None = None
-        self._pending: Rows | None = None
+        # Prepared-graph mode: the prefill chunks, as (handle, tokens), chosen with the decode graph
+        # now being planned (`_proposed`) and with the one committed (`_pending`), which runs next.
+        # Handles, not table rows: a row freed meanwhile may hold another request.
+        self._proposed: list[tuple[int, int]] | None = None
+        self._pending: list[tuple[int, int]] | None = None
         self._iteration_tokens = 0
 
     @property
@@ -56,14 +59,14 @@ class IterationScheduler(BaselineScheduler):
         """The identity (and cost entry) of this engine's packed forwards: its sequence and token limits."""
         return GraphShape(GraphKind.PACKED, self.max_running, max(self.token_budget, self.max_running))
 
-    def iteration_decodes(self, decodes: list[Request]) -> list[Request]:
+    def iteration_decodes(self, decodes: list[int]) -> list[int]:
         """The decode rows of one iteration (all of them, unless the policy says otherwise)."""
         return decodes
 
     def _select(self) -> tuple[GraphShape, Rows] | None:
         self._proposed = None
         if self._pending is not None:
-            rows = [(r, t) for r, t in self._pending if self._unchanged(r, t)]
+            rows = [(r, n) for h, n in self._pending if (r := self._unchanged(h, n)) is not None]
             if rows:  # the started iteration's prefill half, exactly as chosen at its start
                 return self.fcfs_shape(rows), rows
             self._pending = None
@@ -77,16 +80,21 @@ class IterationScheduler(BaselineScheduler):
         chunk = self.fcfs_prefill(left) if left > 0 else None
         if not decodes:
             return chunk
-        self._proposed = chunk[1] if chunk is not None else None
+        handles = self.requests.handle
+        self._proposed = [(int(handles[r]), n) for r, n in chunk[1]] if chunk is not None else None
         return self.decode_rows(decodes)
 
-    def _unchanged(self, r: Request, tokens: int) -> bool:
-        # A chosen chunk stays valid unless its request was cancelled or served meanwhile.
-        return self.requests.get(r.handle) is r and r.phase is Phase.PREFILL and r.queued_prompt == 0 \
-            and r.prompt_left >= tokens
+    def _unchanged(self, handle: int, tokens: int) -> int | None:
+        """The table row of a chosen chunk's request, unless it was cancelled or served meanwhile."""
+        t = self.requests
+        r = t.row(handle)
+        if r is None or t.phase[r] != PREFILL or t.queued_prompt[r] != 0 or self.prompt_left(r) < tokens:
+            return None
+        return r
 
     def fcfs_shape(self, rows: Rows) -> GraphShape:
-        return smallest_prefill(self._prefill_shapes[prefill_kind(rows[0][0])], len(rows), max(t for _, t in rows))
+        return smallest_prefill(self.shapes.prefill_of(self.prefill_kind(rows[0][0])), len(rows),
+                                max(n for _, n in rows))
 
     def packed_prefill(self, budget: int) -> Rows:
         """Prompt chunks in arrival order within `budget` tokens, for a packed forward.
@@ -97,22 +105,23 @@ class IterationScheduler(BaselineScheduler):
         """
         rows: Rows = []
         left, slots, pages = budget, self.resources.free_slots, self.resources.free_pages
-        running = self.resident_count()
+        running, slot = self.resident_count(), self.requests.slot
         for r in self.resident_prefills() + self.waiting():
             if left <= 0:
                 break
-            if r.slot is None:
-                need = self.resources.extent_pages(r.spec)
+            if slot[r] == NO_SLOT:
+                need = self.extent_pages(r)
                 if slots == 0 or need > pages or running >= self.max_running:
                     break
                 slots, pages, running = slots - 1, pages - need, running + 1
-            tokens = min(r.prompt_left, left)
+            tokens = min(self.prompt_left(r), left)
             rows.append((r, tokens))
             left -= tokens
         return rows
 
     def _on_commit(self, plan: ScheduledPlan) -> dict:
-        tokens = sum(max(l.prompt_tokens, l.output_rows) for l in plan.lanes)
+        lanes = plan.lanes
+        tokens = int(np.maximum(lanes.prompt_tokens, lanes.output_rows).sum())
         if plan.shape.kind.is_prefill and self._pending is not None:
             self._iteration_tokens += tokens  # the second graph of a started iteration
             self._pending = None

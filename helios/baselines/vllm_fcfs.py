@@ -35,7 +35,6 @@ from __future__ import annotations
 from helios.baselines.iteration import IterationScheduler
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.graphs import Catalog
-from helios.scheduler.requests import Request
 
 
 class VllmFcfsScheduler(IterationScheduler):
@@ -54,6 +53,6 @@ class VllmFcfsScheduler(IterationScheduler):
     def max_num_batched_tokens(self) -> int:
         return self.token_budget
 
-    def iteration_decodes(self, decodes: list[Request]) -> list[Request]:
+    def iteration_decodes(self, decodes: list[int]) -> list[int]:
         # Running requests are scheduled while budget remains: one token each.
         return decodes[:self.token_budget]

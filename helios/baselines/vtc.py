@@ -30,12 +30,11 @@ the client whose earliest waiting request arrived first.
 
 from __future__ import annotations
 
-from helios.baselines.common import BaselineScheduler, Rows, fit_rows, prefill_cap, prefill_kind
+from helios.baselines.common import BaselineScheduler, Rows, fit_rows, prefill_cap
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.plan import RequestHandle, RequestSpec, ScheduledPlan
-from helios.scheduler.requests import Request
 
 
 class VTCScheduler(BaselineScheduler):
@@ -59,11 +58,12 @@ class VTCScheduler(BaselineScheduler):
         self.decode_steps = 0  # consecutive decode steps since the last admission (has_wait_tokens)
 
     # ---- arrival: counter lift ---------------------------------------------------------
-    def backlogged(self) -> dict[str, list[Request]]:
-        """Clients with waiting (not yet admitted) requests, each list in arrival order."""
-        out: dict[str, list[Request]] = {}
+    def backlogged(self) -> dict[str, list[int]]:
+        """Clients with waiting (not yet admitted) requests' rows, each list in arrival order."""
+        out: dict[str, list[int]] = {}
+        specs = self.requests.specs
         for r in self.waiting():
-            out.setdefault(r.spec.client, []).append(r)
+            out.setdefault(specs[r].client, []).append(r)
         return out
 
     def admit(self, request: RequestSpec, now_ns: int) -> RequestHandle:
@@ -81,44 +81,46 @@ class VTCScheduler(BaselineScheduler):
     def _select(self) -> tuple[GraphShape, Rows] | None:
         prefilling = self.resident_prefills()
         if prefilling:  # the admitted mini batch's prefill continues
-            kind = prefill_kind(prefilling[0])
-            rows = [r for r in prefilling if prefill_kind(r) is kind]
+            kind = self.prefill_kind(prefilling[0])
+            rows = [r for r in prefilling if self.prefill_kind(r) is kind]
             return self._prefill(kind, rows)
         decodes = self.running_decodes()
         if not decodes or self.decode_steps >= self.max_wait_steps:
             batch = self.new_mini_batch()
             if batch:
-                return self._prefill(prefill_kind(batch[0]), batch)
+                return self._prefill(self.prefill_kind(batch[0]), batch)
         return self.decode_rows(decodes)
 
-    def _prefill(self, kind: GraphKind, rows: list[Request]):
-        fitted = fit_rows(self._prefill_shapes[kind], [r.prompt_left for r in rows])
+    def _prefill(self, kind: GraphKind, rows: list[int]):
+        fitted = fit_rows(self.shapes.prefill_of(kind), [self.prompt_left(r) for r in rows])
         if fitted is None:
             return None
         shape, tokens = fitted
         return shape, list(zip(rows, tokens))
 
-    def new_mini_batch(self) -> list[Request]:
+    def new_mini_batch(self) -> list[int]:
         """Requests admitted by smallest counter first; counters here are a planning copy."""
         queues = self.backlogged()
         counters = dict(self.counters)
         slots, pages = self.resources.free_slots, self.resources.free_pages
         running, tokens, kind = self.resident_count(), 0, None
-        batch: list[Request] = []
+        batch: list[int] = []
         while queues:
-            client = min(queues, key=lambda c: (counters.get(c, 0.0), queues[c][0].handle))
+            # Rows of one client are in arrival order; across clients, the handle orders them.
+            client = min(queues, key=lambda c: (counters.get(c, 0.0), int(self.requests.handle[queues[c][0]])))
             r = queues[client][0]
-            need = self.resources.extent_pages(r.spec)
-            k = prefill_kind(r)
+            need = self.extent_pages(r)
+            left = self.prompt_left(r)
+            k = self.prefill_kind(r)
             fits = (slots > 0 and need <= pages and running < self.max_running
                     and (kind is None or k is kind)
-                    and prefill_cap(self._prefill_shapes[k], len(batch) + 1) > 0
-                    and (not batch or tokens + r.prompt_left <= self.batch_max_tokens))
+                    and prefill_cap(self.shapes.prefill_of(k), len(batch) + 1) > 0
+                    and (not batch or tokens + left <= self.batch_max_tokens))
             if not fits:
                 break
             batch.append(r)
-            slots, pages, running, tokens, kind = slots - 1, pages - need, running + 1, tokens + r.prompt_left, k
-            counters[client] = counters.get(client, 0.0) + self.input_weight * r.prompt_left
+            slots, pages, running, tokens, kind = slots - 1, pages - need, running + 1, tokens + left, k
+            counters[client] = counters.get(client, 0.0) + self.input_weight * left
             queues[client].pop(0)
             if not queues[client]:
                 del queues[client]
@@ -127,14 +129,16 @@ class VTCScheduler(BaselineScheduler):
     # ---- charging ------------------------------------------------------------------------
     def _on_commit(self, plan: ScheduledPlan) -> dict:
         if plan.shape.kind is GraphKind.DECODE:
+            t = self.requests
             for lane in plan.lanes:
-                client = self.requests[lane.handle].spec.client
+                client = t.specs[t.row(lane.handle)].client
                 self.counters[client] = self.counters.get(client, 0.0) + self.output_weight * lane.output_rows
             self.decode_steps += 1
         else:
             admitted = False
+            t = self.requests
             for lane in plan.lanes:
-                spec = self.requests[lane.handle].spec
+                spec = t.specs[t.row(lane.handle)]
                 if lane.prompt_start == spec.cached_tokens:  # first chunk: admission
                     charge = self.input_weight * (spec.prompt_tokens - spec.cached_tokens)
                     self.counters[spec.client] = self.counters.get(spec.client, 0.0) + charge

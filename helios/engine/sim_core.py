@@ -71,12 +71,12 @@ class SimCore:
         self._requests.pop(handle, None)
 
     def true_duration_ns(self, plan: ScheduledPlan) -> int:
-        contexts = [lane.context_tokens for lane in plan.lanes]
+        contexts = plan.lanes.context_tokens.tolist()
         if plan.shape.kind is GraphKind.PACKED:
             # A varlen forward has no physical shape: its lanes are the work (prompt chunks, decodes).
             if not isinstance(self.cost_model, PackedCostModel):
                 raise ConfigError("cost_model", "this cost model cannot price a packed forward")
-            base = self.cost_model.packed_duration_ns([lane.prompt_tokens for lane in plan.lanes], contexts)
+            base = self.cost_model.packed_duration_ns(plan.lanes.prompt_tokens.tolist(), contexts)
         else:
             base = self.cost_model.duration_ns(plan.shape, contexts)
         factor = 1.0 + self.noise * float(self._rng.standard_normal()) if self.noise else 1.0

@@ -10,20 +10,24 @@ import numpy as np
 from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
-from helios.scheduler.accounting import ExecutionStats, apply_completion, validate_completion
+from helios.scheduler.accounting import Publications
+from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
+from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
 from helios.scheduler.plan import (
-    ExecutionTiming, Fence, FinishReason, GeneratedToken, Lane, PlanTrace,
+    NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, PlanTrace,
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
 from helios.scheduler.planning import PlanningView, build_view
 from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
+from helios.scheduler.requests import DONE, RequestRow, RequestTable
+from helios.scheduler.resources import ResourcePool
 from helios.scheduler.rounds import speculative_candidates
+from helios.scheduler.service import PriceCoefficients
+from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
 from helios.scheduler.queue import ExecutionQueue, Frame
-from helios.scheduler.requests import Phase, Request, ResourcePool
-from helios.scheduler.service import PriceCoefficients, ServiceHistory, ewma_log
 
 RETIRED_MEMORY = 4096
 
@@ -46,23 +50,21 @@ class Scheduler:
                                       self.config.page_tokens, self.config.max_context,
                                       self.config.draft_capacity if spec_on else 0)
         self.queue = ExecutionQueue(self.config.frame_slots)
-        self.requests: dict[RequestHandle, Request] = {}
+        self.requests = RequestTable(self.config.draft_capacity)
+        self.publications = Publications(self.requests, self.policy.adaptation_ms)
         self.stats = ExecutionStats()
         self.traces: deque[PlanTrace] = deque(maxlen=4096)
         self.now_ns = 0
         self._next_handle = 0
         self._last_fence: Fence | None = None
-        self._decisions = 0
+        self._decisions = 0  # served lanes record it: 0 is "never served"
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
-        self._decode_shapes = catalog.of_kind(GraphKind.DECODE)
-        self._prefill_shapes = {k: catalog.of_kind(k) for k in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL)}
-        self._spec_shapes = catalog.of_kind(GraphKind.SPECULATIVE) if spec_on else ()
-        if any(sh.proposal_depth > self.config.draft_capacity for sh in self._spec_shapes):
+        self.shapes = ShapeSets.of(catalog, spec_on)
+        if any(sh.proposal_depth > self.config.draft_capacity for sh in self.shapes.speculative):
             raise InvalidRequest("a speculative program's depth exceeds draft_capacity")
         self.speculation = SpeculationModel(self.config.draft_capacity)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
-        self._delivery_shapes = self._decode_shapes + self._spec_shapes
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -72,26 +74,27 @@ class Scheduler:
 
     def admit(self, request: RequestSpec, now_ns: int) -> RequestHandle:
         self.advance_to(now_ns)
+        self.publications.flush()
         if request.prompt_tokens + 1 > self.config.max_context:
             raise InvalidRequest(f"prompt of {request.prompt_tokens} tokens leaves no room in a "
                                  f"{self.config.max_context}-token context")
-        if request.score_prompt and not self._prefill_shapes[GraphKind.SCORED_PREFILL]:
+        if request.score_prompt and not self.shapes.scored_prefill:
             raise InvalidRequest("prompt scoring needs scored-prefill graphs, and none is loaded")
+        if not request.score_prompt and not self.shapes.prefill:
+            # Legal catalog (e.g. decode only), but nothing could consume this prompt.
+            raise InvalidRequest("the catalog has no prefill graph to consume the prompt")
         if self.resources.extent_pages(request) > self.resources.total_pages:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
         handle = self._next_handle
         self._next_handle += 1
-        r = Request(handle, request, now_ns, ServiceHistory(self._starting_log_rate()))
-        r.prompt_done = request.cached_tokens
-        r.update_phase()
-        self.requests[handle] = r
+        self.requests.add(handle, request, self._starting_log_rate())
         return handle
 
     def _starting_log_rate(self) -> float:
         # A new request starts at the mean token rate of the live requests, so equal
         # histories mean equal prices and a newcomer is neither favoured nor starved.
-        rates = [r.history.log_x for r in self.requests.values() if r.phase is not Phase.DONE]
-        if rates:
+        rates = self.requests.log_x[self.requests.live_rows()]
+        if len(rates):
             return float(np.logaddexp.reduce(rates) - math.log(len(rates)))
         measured = [t for s, t in self.costs.measured().items() if s.kind is GraphKind.DECODE]
         # With no live request: one token per fastest measured decode, else 1 token/ms.
@@ -100,28 +103,38 @@ class Scheduler:
     def cancel(self, handle: RequestHandle, now_ns: int, reason: FinishReason = FinishReason.CANCELLED) -> None:
         """Stop selecting the request now; its slot and pages stay owned through its last fence."""
         self.advance_to(now_ns)
-        r = self.requests.get(handle)
-        if r is None:
+        self.publications.flush()
+        t = self.requests
+        row = t.row(handle)
+        if row is None:
             if handle in self._retired_set:
                 return  # cancelling a finished request is a no-op
             raise UnknownRequest(f"unknown request handle {handle}")
-        if r.phase is Phase.DONE:
+        if t.phase[row] == DONE:
             return
-        r.cancelled = True
-        r.finish = reason
-        r.update_phase()
-        r.epoch += 1
-        r.version += 1
-        self._retire_if_idle(r)
+        t.cancelled[row] = True
+        t.set_finish(row, reason)
+        t.update_phase([row])
+        t.epoch[row] += 1
+        t.version[row] += 1
+        self._retire_idle([row])
 
-    def _retire_if_idle(self, r: Request) -> None:
-        if r.phase is Phase.DONE and not r.inflight:
-            self.resources.release(r)
-            del self.requests[r.handle]
+    def _retire_idle(self, rows) -> None:
+        t = self.requests
+        rows = np.asarray(rows, dtype=np.int64)
+        for row in rows[(t.phase[rows] == DONE) & (t.inflight[rows] == 0)].tolist():
+            handle = int(t.handle[row])
+            self.resources.release(t, row)
+            t.remove(row)
             if len(self._retired) == self._retired.maxlen:
                 self._retired_set.discard(self._retired[0])
-            self._retired.append(r.handle)
-            self._retired_set.add(r.handle)
+            self._retired.append(handle)
+            self._retired_set.add(handle)
+
+    def request_row(self, handle: RequestHandle) -> RequestRow:
+        """A read-only copy of one request's state (tests, debugging)."""
+        self.publications.flush()
+        return self.requests[handle]
 
     # ---- planning ----------------------------------------------------------------------
     def plan(self) -> ScheduledPlan | None:
@@ -129,53 +142,66 @@ class Scheduler:
         if view is None:
             return None
         costs = self._cost_lookup(self.now_ns)
-        candidates = decode_candidates(self._decode_shapes, costs, view.decode, view.waiting)
-        if self._spec_shapes:
+        candidates = decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
+        if self.shapes.speculative:
             # Device allocation needs the program's causal confidence; copy proposals have none,
             # so adaptive copy speculation chooses widths with host allocation.
             device = self.config.speculation is SpeculationMode.ADAPTIVE and not self.config.copy_proposals
-            candidates += speculative_candidates(self._spec_shapes, costs, view.decode, view.waiting, device)
+            candidates += speculative_candidates(self.shapes.speculative, costs, view.decode, view.waiting, device)
         budget = Budget(self.resources.free_slots, self.resources.free_pages)
         for kind, (pool, _) in view.prefill.items():
-            candidates += prefill_candidates(self._prefill_shapes[kind], costs, pool, view.waiting, budget)
+            candidates += prefill_candidates(self.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
         return self._plan_from(best(candidates), view)
 
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""
         if not self.queue.accepts_more(self.now_ns):
             return None
-        live = [r for r in self.requests.values() if r.phase is not Phase.DONE]
-        if not live:
+        self.publications.flush()
+        live = self.requests.live_rows()
+        if not len(live):
             return None
-        return build_view(live, self.queue, self.policy, self.coeff, self._decode_costs(), self.resources,
-                          self.queue.expected_end_ns(self.now_ns), self.config.max_context,
-                          self.config.selection_slots, (self.speculation, self.source) if self._spec_shapes else None)
+        return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
+                          self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
+                          self.config.selection_slots,
+                          (self.speculation, self.source) if self.shapes.speculative else None)
 
     def _plan_from(self, winner, view: PlanningView) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
         if winner is None:
             return None
-        if winner.shape.kind is GraphKind.SPECULATIVE:
-            lanes = tuple(self._spec_lane(view.decode_reqs[i], int(i), int(c), int(rows), winner, view)
-                          for i, c, rows in zip(winner.members, winner.ceilings, winner.rows))
-        elif winner.shape.kind is GraphKind.DECODE:
-            lanes = _decode_lanes(view.decode_reqs, winner, view)
+        kind, t_ms = winner.shape.kind, winner.t_ms or 0.0
+        if kind is GraphKind.SPECULATIVE:
+            lanes = self._spec_lanes(winner, view)
+        elif kind is GraphKind.DECODE:
+            # Values are the scaled lane values at the winner's duration.
+            values = view.decode.base[winner.members] + view.decode.age_slope * t_ms
+            lanes = decode_lanes(self.requests, view.decode_rows[winner.members], values)
         else:
-            reqs = view.prefill[winner.shape.kind][1]
-            lanes = tuple(self._prefill_lane(reqs[i], w) for i, w in zip(winner.members.tolist(), winner.works.tolist()))
-        requires_feedback = (not winner.shape.kind.queueable or winner.cost_state is not CostState.FRESH
-                             or any(l.needs_feedback for l in lanes))
-        if len(self.queue) and requires_feedback:
+            lanes = prefill_lanes(self.requests, view.prefill[kind][1][winner.members], winner.works)
+        feedback = requires_feedback(winner.shape, winner.cost_state, lanes)
+        if len(self.queue) and feedback:
             return None  # the winner needs an empty window: submit nothing until it drains
         est = None if winner.t_ms is None else int(round(winner.t_ms * 1e6))
         reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
         return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
-                             requires_feedback, winner.cost_state is CostState.STALE, self.now_ns,
+                             feedback, winner.cost_state is CostState.STALE, self.now_ns,
                              self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device)
+
+    def _spec_lanes(self, winner, view: PlanningView):
+        pool, t = view.decode, winner.t_ms or 0.0
+        values, expected = [], []
+        for i, rows in zip(winner.members.tolist(), winner.rows.tolist()):
+            gains = pool.extra_value[i] * pool.survival_alpha[i, : rows - 1].sum()
+            values.append(float(pool.base[i] + gains + pool.age_slope * t))
+            expected.append(expected_output(pool.survival[i], rows))
+        bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
+        return speculative_lanes(self.requests, view.decode_rows[winner.members], bounds,
+                                 np.array(expected), np.array(values), winner.rows)
 
     def _decode_costs(self) -> list[tuple[int, float]]:
         # Every delivery-bearing family: one visible burst per lane, whatever its width.
-        return [(s.batch_capacity, t / 1e6) for s in self._delivery_shapes
+        return [(s.batch_capacity, t / 1e6) for s in self.shapes.delivery
                 if (t := self.costs.estimate_ns(s)) is not None]
 
     def _cost_lookup(self, now: int):
@@ -184,32 +210,13 @@ class Scheduler:
             return (None if t is None else t / 1e6), self.costs.state(shape, now)
         return lookup
 
-    @staticmethod
-    def _prefill_lane(r: Request, work: int) -> Lane:
-        finishes = work == r.prompt_left
-        # A finishing chunk commits its prompt and can publish one first output token.
-        return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, work,
-                    r.context_tokens, int(finishes), float(work + finishes), 0.0, 0.0)
-
-    def _spec_lane(self, r: Request, i: int, ceiling: int, rows: int, winner, view) -> Lane:
-        pool = view.decode
-        t = winner.t_ms or 0.0
-        gains = pool.extra_value[i] * pool.survival_alpha[i, : rows - 1].sum()
-        value = float(pool.base[i] + gains + pool.age_slope * t)
-        # A queued lane can advance by at most min(ceiling, P) tokens: limits account for that.
-        bound = min(ceiling, winner.shape.target_capacity)
-        expected = expected_output(pool.survival[i], rows)
-        return Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, 0,
-                    r.context_tokens, bound, expected, 1.0, value,
-                    needs_feedback=r.spec.host_feedback and bool(r.inflight), predicted_rows=rows)
-
     def seed_acceptance(self, survival, source: ProposalSource | None = None) -> None:
         """Preseed the population acceptance prior (prefix survival by depth)."""
         self.speculation.acceptance_prior[source or self.source].seed(survival)
 
     # ---- commit ------------------------------------------------------------------------
     def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
-        now = self.now_ns
+        now, t, lanes = self.now_ns, self.requests, plan.lanes
         if not isinstance(fence, int) or (self._last_fence is not None and fence <= self._last_fence):
             raise StalePlan(f"fence {fence!r} must be an integer greater than {self._last_fence}")
         if plan.queue_fences != self.queue.fences():
@@ -219,53 +226,40 @@ class Scheduler:
         state = self.costs.state(plan.shape, now)
         if len(self.queue) and state is not CostState.FRESH:
             raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
-        newcomers = []
-        for lane in plan.lanes:
-            r = self.requests.get(lane.handle)
-            if r is None or r.phase is Phase.DONE:
-                raise StalePlan(f"request {lane.handle} is no longer runnable")
-            if r.epoch != lane.epoch or r.version != lane.version:
-                raise StalePlan(f"request {lane.handle} changed since planning")
-            if r.slot is None:
-                newcomers.append(r)
-        need = sum(self.resources.extent_pages(r.spec) for r in newcomers)
+        index = t.index
+        found = [index.get(h) for h in lanes.handle.tolist()]
+        if None in found:
+            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
+        rows = np.array(found, dtype=np.int64)
+        bad = (t.phase[rows] == DONE) | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
+        if bad.any():
+            i = int(np.argmax(bad))
+            what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
+            raise StalePlan(f"request {lanes.handle[i]} {what}")
+        newcomers = rows[t.slot[rows] == NO_SLOT]
+        need = int(self.resources.extent_pages_of(t, newcomers).sum())
         if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
             raise StalePlan("not enough free slots or pages for the plan's new requests")
         # Validated: mutate.
-        for r in newcomers:
-            self.resources.acquire(r)
+        self.resources.acquire(t, newcomers)
         isolated = not len(self.queue)
         start = self.queue.expected_end_ns(now)
         end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
         self._decisions += 1
-        expected = {}
-        for lane in plan.lanes:
-            r = self.requests[lane.handle]
-            r.queued_prompt += lane.prompt_tokens
-            r.queued_output += lane.output_rows
-            r.inflight.append(fence)
-            r.version += 1
-            r.last_served_seq = self._decisions
-            expected[lane.handle] = (lane.expected_tokens, lane.expected_deliveries)
-        participants = tuple((r.handle, r.epoch) for r in self.requests.values() if r.phase is not Phase.DONE)
-        sigma_norm = self._normalizer()
-        self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, participants,
-                              sigma_norm, sigma_norm, expected))
-        self.costs.attempted(plan.shape, now)
+        t.queued_prompt[rows] += lanes.prompt_tokens
+        t.queued_output[rows] += lanes.output_rows
+        t.inflight[rows] += 1
+        t.version[rows] += 1
+        t.last_served_seq[rows] = self._decisions
+        participants = np.flatnonzero(t.phase != DONE)  # resident runnable and waiting
+        self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
+                              t.handle[participants], t.epoch[participants]))
         self._last_fence = fence
         self.traces.append(PlanTrace(fence, plan.shape, plan.handles, plan.estimated_duration_ns,
                                      self.costs.observation_age_ns(plan.shape, now), plan.reason,
                                      plan.score, plan.log_scale, now))
 
-    def _normalizer(self) -> float | None:
-        # Reference per-stream rate (per ms) of the fastest batch-feasible measured decode.
-        k = max(1, sum(1 for r in self.requests.values() if r.phase is Phase.DECODE))
-        costs = self._decode_costs()
-        if not costs:
-            return None
-        return 1.0 / (k * min(t / min(b, k) for b, t in costs))
-
-    # ---- completion and publication ----------------------------------------------------
+    # ---- completion --------------------------------------------------------------------
     def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:
         """Validate every lane first; a bad completion raises and changes nothing."""
         return self._complete(fence, records, timing, None, None)
@@ -287,12 +281,12 @@ class Scheduler:
         return (2, self.config.request_slots, self.config.draft_capacity)
 
     def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
-        frame = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
-                                    self.sidecar_shape())
+        checked = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
+                                      self.sidecar_shape())
+        self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
-        out = apply_completion(self, frame, records, timing, confidence, survival)
-        for r in [self.requests[lane.handle] for lane in frame.plan.lanes if lane.handle in self.requests]:
-            self._retire_if_idle(r)
+        out = apply_completion(self, checked, timing, confidence, survival)
+        self._retire_idle(checked.frame.rows)
         return out
 
     # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------
@@ -300,11 +294,12 @@ class Scheduler:
         return handle in self.requests
 
     def snapshot(self) -> SchedulerSnapshot:
-        live = [r for r in self.requests.values() if r.phase is not Phase.DONE]
-        running = sum(1 for r in live if r.slot is not None)
+        t = self.requests
+        live = t.phase != DONE
+        running = int((live & (t.slot != NO_SLOT)).sum())
         s = self.stats
         return SchedulerSnapshot(
-            self.now_ns, running, len(live) - running,
+            self.now_ns, running, int(live.sum()) - running,
             self.resources.free_slots, self.resources.total_slots,
             self.resources.free_pages, self.resources.total_pages, len(self.queue),
             {k.value: v for k, v in s.nanoseconds.items()}, {k.value: v for k, v in s.executions.items()},
@@ -323,28 +318,13 @@ class Scheduler:
                 self.costs.observe(shape, ns, now_ns)
 
     def published_output(self, handle: RequestHandle, fence: Fence) -> None:
-        r = self.requests.get(handle)
-        if r is None:
+        """Output of `fence` for `handle` reached the client: resets its output age, and turns
+        that frame's zero delivery into one (applied before the table is next read)."""
+        row = self.requests.index.get(handle)
+        if row is None:
             if handle in self._retired_set:
                 return
             raise UnknownRequest(f"unknown request handle {handle}")
-        r.last_publication_ns = self.now_ns
-        pending = r.pending_delivery
-        if pending is None or pending[0] != fence:
-            return  # a late publication resets age but never rewinds later service
-        _, delta_ms, log_z = pending
-        if log_z is None:
-            r.history.log_z = -math.log(delta_ms)  # first burst: one delivery over its frame
-        else:
-            r.history.log_z = ewma_log(log_z, delta_ms, 1.0, self.policy.adaptation_ms)
-        r.pending_delivery = None
-
-
-def _decode_lanes(reqs: list[Request], winner, view: PlanningView) -> tuple[Lane, ...]:
-    # One lane per served decoder; values are the scaled lane values at the winner's duration.
-    values = (view.decode.base[winner.members] + view.decode.age_slope * (winner.t_ms or 0.0)).tolist()
-    return tuple(
-        Lane(r.handle, r.epoch, r.version, r.slot, r.prompt_done + r.queued_prompt, 0,
-             r.prompt_done + r.queued_prompt + r.output_done + r.queued_output, 1, 1.0, 1.0, v,
-             r.spec.host_feedback and bool(r.inflight))
-        for r, v in zip([reqs[i] for i in winner.members.tolist()], values))
+        if type(fence) is not int:
+            raise InvalidRequest(f"a publication names an integer fence, got {fence!r}")
+        self.publications.reported.append((row, fence, self.now_ns))

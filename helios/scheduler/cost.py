@@ -22,8 +22,6 @@ class CostEntry:
     estimate_ns: int = 0
     samples: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
     last_valid_ns: int | None = None
-    last_attempt_ns: int | None = None
-    observations: int = 0
 
 
 def median(values) -> float:
@@ -40,15 +38,27 @@ class CostTable:
     def __init__(self, ttl_ns: int):
         self.ttl_ns = ttl_ns
         self._entries: dict[GraphShape, CostEntry] = {}
+        # The same shape objects are looked up at every decision: an identity-keyed cache skips
+        # rehashing them (the cached shape is kept alive, so its id cannot be reused).
+        self._by_id: dict[int, tuple[GraphShape, CostEntry]] = {}
+
+    def _get(self, shape: GraphShape) -> CostEntry | None:
+        hit = self._by_id.get(id(shape))
+        if hit is not None and hit[0] is shape:
+            return hit[1]
+        e = self._entries.get(shape)
+        if e is not None:
+            self._by_id[id(shape)] = (shape, e)
+        return e
 
     def entry(self, shape: GraphShape) -> CostEntry:
-        e = self._entries.get(shape)
+        e = self._get(shape)
         if e is None:
             e = self._entries[shape] = CostEntry()
         return e
 
     def state(self, shape: GraphShape, now_ns: int) -> CostState:
-        e = self._entries.get(shape)
+        e = self._get(shape)
         if e is None or e.estimate_ns <= 0:
             return CostState.UNKNOWN
         if now_ns - e.last_valid_ns > self.ttl_ns:
@@ -57,11 +67,11 @@ class CostTable:
 
     def estimate_ns(self, shape: GraphShape) -> int | None:
         """Measured estimate, kept for ranking even when stale; None when indeterminate."""
-        e = self._entries.get(shape)
+        e = self._get(shape)
         return e.estimate_ns if e is not None and e.estimate_ns > 0 else None
 
     def observation_age_ns(self, shape: GraphShape, now_ns: int) -> int | None:
-        e = self._entries.get(shape)
+        e = self._get(shape)
         return None if e is None or e.last_valid_ns is None else now_ns - e.last_valid_ns
 
     def observe(self, shape: GraphShape, sample_ns: int | None, now_ns: int) -> bool:
@@ -75,11 +85,7 @@ class CostTable:
         e.samples.append(int(sample_ns))
         e.estimate_ns = max(1, int(round(median(e.samples))))
         e.last_valid_ns = now_ns
-        e.observations += 1
         return True
-
-    def attempted(self, shape: GraphShape, now_ns: int) -> None:
-        self.entry(shape).last_attempt_ns = now_ns
 
     def measured(self) -> dict[GraphShape, int]:
         return {s: e.estimate_ns for s, e in self._entries.items() if e.estimate_ns > 0}

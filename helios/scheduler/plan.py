@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Iterator, NamedTuple, Sequence
+
+import numpy as np
 
 from helios.errors import InvalidRequest
 from helios.graphs import GraphShape
@@ -59,9 +62,11 @@ class RequestSpec:
             raise InvalidRequest("endpoints must be strictly increasing offsets inside the prompt")
 
 
-@dataclass(frozen=True, slots=True)
-class Lane:
-    """One request's logical work in a plan, frozen at planning time."""
+NO_SLOT = 1 << 30  # slot value of a request without a state slot; sorts after every slot
+
+
+class Lane(NamedTuple):
+    """One request's logical work in a plan, frozen at planning time (one row of `PlanLanes`)."""
 
     handle: RequestHandle
     epoch: int
@@ -78,12 +83,77 @@ class Lane:
     predicted_rows: int = 1  # speculative: rows the host expects (== output_rows when it allocates)
 
 
+_LANE_DTYPES = dict(handle=np.int64, epoch=np.int64, version=np.int64, slot=np.int64, prompt_start=np.int64,
+                    prompt_tokens=np.int64, context_tokens=np.int64, output_rows=np.int64,
+                    expected_tokens=np.float64, expected_deliveries=np.float64, value=np.float64,
+                    needs_feedback=np.bool_, predicted_rows=np.int64)
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class PlanLanes:
+    """A plan's lanes as one read-only array per `Lane` field (element i of each is lane i),
+    the way vLLM V1's CachedRequestData holds a step's requests. `slot` holds NO_SLOT for a
+    request that gets its slot at commit. Iterating or indexing yields `Lane` tuples."""
+
+    handle: np.ndarray
+    epoch: np.ndarray
+    version: np.ndarray
+    slot: np.ndarray
+    prompt_start: np.ndarray
+    prompt_tokens: np.ndarray
+    context_tokens: np.ndarray
+    output_rows: np.ndarray
+    expected_tokens: np.ndarray
+    expected_deliveries: np.ndarray
+    value: np.ndarray
+    needs_feedback: np.ndarray
+    predicted_rows: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(self.handle)
+        for name, dtype in _LANE_DTYPES.items():
+            arr = getattr(self, name)
+            if type(arr) is not np.ndarray or arr.dtype != dtype:
+                arr = np.asarray(arr, dtype=dtype)
+                object.__setattr__(self, name, arr)
+            if arr.shape != (n,):
+                raise InvalidRequest(f"plan lane field {name} has shape {arr.shape}, expected ({n},)")
+            arr.setflags(write=False)  # the plan is frozen data: so are its columns
+
+    @staticmethod
+    def of(lanes: Sequence[Lane]) -> "PlanLanes":
+        """Columns from a sequence of lanes (None slots become NO_SLOT)."""
+        lanes = [Lane(*l) for l in lanes]
+        cols = list(zip(*lanes)) if lanes else [()] * len(_LANE_DTYPES)
+        values = dict(zip(_LANE_DTYPES, cols))
+        values["slot"] = [NO_SLOT if s is None else s for s in values["slot"]]
+        return PlanLanes(**{k: np.array(v, dtype=_LANE_DTYPES[k]) for k, v in values.items()})
+
+    def __len__(self) -> int:
+        return len(self.handle)
+
+    def __iter__(self) -> Iterator[Lane]:
+        cols = [getattr(self, name).tolist() for name in _LANE_DTYPES]
+        cols[3] = [None if s == NO_SLOT else s for s in cols[3]]
+        return map(Lane, *cols)
+
+    def __getitem__(self, i: int) -> Lane:
+        lane = Lane(*(getattr(self, name)[i].item() for name in _LANE_DTYPES))
+        return lane._replace(slot=None) if lane.slot == NO_SLOT else lane
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, PlanLanes) and all(
+            np.array_equal(getattr(self, k), getattr(other, k)) for k in _LANE_DTYPES)
+
+    __hash__ = None
+
+
 @dataclass(frozen=True, slots=True)
 class ScheduledPlan:
     """A frozen choice: physical shape, lane work, epochs, estimated duration and score."""
 
     shape: GraphShape
-    lanes: tuple[Lane, ...]
+    lanes: PlanLanes  # a sequence of Lane is converted to columns
     estimated_duration_ns: int | None  # None: indeterminate (discovery)
     score: float  # scaled value rate (or scaled value for an unknown duration)
     log_scale: float
@@ -95,6 +165,10 @@ class ScheduledPlan:
     queue_fences: tuple[Fence, ...]
     device_allocation: bool = False  # D > 0 program whose target rows the device allocates
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.lanes, PlanLanes):
+            object.__setattr__(self, "lanes", PlanLanes.of(self.lanes))
+
     def selection_value_rate(self) -> float:
         return self.score
 
@@ -103,10 +177,10 @@ class ScheduledPlan:
 
     @property
     def handles(self) -> tuple[RequestHandle, ...]:
-        return tuple(lane.handle for lane in self.lanes)
+        return tuple(self.lanes.handle.tolist())
 
     def padding(self) -> int:
-        used = sum(max(lane.prompt_tokens, lane.output_rows) for lane in self.lanes)
+        used = int(np.maximum(self.lanes.prompt_tokens, self.lanes.output_rows).sum())
         return self.shape.target_capacity - used
 
 
@@ -154,9 +228,11 @@ class ExecutionTiming:
         return None
 
 
-@dataclass(frozen=True, slots=True)
-class GeneratedToken:
-    """Tokens committed for one request by one completion, for the runtime to publish."""
+class GeneratedToken(NamedTuple):
+    """Tokens committed for one request by one completion, for the runtime to publish.
+
+    An immutable named tuple rather than a frozen dataclass: completion builds one per lane,
+    and a tuple is built at a fraction of the cost."""
 
     handle: RequestHandle
     fence: Fence
@@ -178,6 +254,5 @@ class PlanTrace:
     score: float
     log_scale: float
     committed_ns: int
-    exploration_credit_ns: float = 0.0
     extra: dict = field(default_factory=dict)
 

@@ -65,14 +65,15 @@ class Budget:
     free_pages: int
 
 
-def finish_candidate(c: Candidate, pool: LanePool, waiting: float) -> Candidate:
+def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
+    """`lru`: the members' most recent service, when the caller already knows it."""
     n = len(c.members)
     if c.t_ms is None:
         # Optimistic work score: an unknown duration ranks by expected useful value alone.
         c.score = c.value
     else:
         c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
-    c.lru = int(pool.lru[c.members].max()) if n else 0
+    c.lru = lru if lru is not None else int(pool.lru[c.members].max()) if n else 0
     if c.shape.kind.is_prefill:
         used = int(c.works.sum())
     elif c.rows is not None:
@@ -93,7 +94,10 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     if n == 0:
         return []
     order = ranked_lanes(pool.base, pool.lru, pool.slots)
-    sums = prefix_sums(pool.base[order])
+    sums = prefix_sums(pool.base[order]).tolist()
+    # Cohorts are prefixes of one order: their most recent service is a running maximum.
+    recent = np.maximum.accumulate(pool.lru[order]).tolist()
+    works = np.zeros(n, dtype=np.int64)
     out, taken = [], set()
     for shape in sorted(shapes, key=lambda s: s.batch_capacity):
         m = min(shape.batch_capacity, n)
@@ -101,10 +105,8 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
             continue
         taken.add(m)
         t_ms, state = costs(shape)
-        members = order[:m]
-        c = Candidate(shape, members, np.zeros(m, dtype=np.int64), float(sums[m]),
-                      pool.age_slope * m, t_ms, state)
-        out.append(finish_candidate(c, pool, waiting))
+        c = Candidate(shape, order[:m], works[:m], sums[m], pool.age_slope * m, t_ms, state)
+        out.append(finish_candidate(c, pool, waiting, recent[m - 1]))
     return out
 
 
@@ -127,7 +129,7 @@ def _feasible_prefix(order: np.ndarray, pool: LanePool, limit: int, budget: Budg
 def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Budget) -> list[Candidate]:
     """Each prompt capacity competes with the tokens it can actually consume."""
     n = len(pool.handles)
-    if n == 0:
+    if n == 0 or not shapes:
         return []
     by_chunk: dict[int, list[GraphShape]] = {}
     for s in shapes:

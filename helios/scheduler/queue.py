@@ -5,22 +5,29 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
-from helios.scheduler.plan import Fence, RequestHandle, ScheduledPlan, SelectionReason
+import numpy as np
+
+from helios.scheduler.plan import Fence, ScheduledPlan, SelectionReason
 
 
 @dataclass(slots=True)
 class Frame:
+    """A submitted plan. Expected service is the plan's lane columns, frozen at submission.
+
+    Table rows stay valid while the frame is queued for its lanes (a request holding a fence
+    is never retired); a participant's row may be reused, so it is checked by (handle, epoch).
+    """
+
     fence: Fence
     plan: ScheduledPlan
     reason: SelectionReason
     dispatched_ns: int
     expected_end_ns: int | None  # None while the duration is indeterminate
     isolated: bool  # nothing else was in flight at dispatch
-    participants: tuple[tuple[RequestHandle, int], ...]  # resident runnable (handle, epoch)
-    token_normalizer: float | None
-    delivery_normalizer: float | None
-    # Expected service frozen at submission: handle -> (tokens, deliveries).
-    expected: dict
+    rows: np.ndarray  # table row of each lane
+    participant_rows: np.ndarray  # live requests at dispatch: row, handle and epoch
+    participant_handles: np.ndarray
+    participant_epochs: np.ndarray
 
     @property
     def expected_ms(self) -> float | None:

@@ -1,108 +1,211 @@
-"""Request state and request resources (state slots and KV pages)."""
+"""Request state as columns: one dense row per held request, with a free list.
+
+Every per-request quantity the hot path reads is a numpy column indexed by row, so planning,
+commit and completion work with masks and fancy indexing instead of per-request objects.
+A row is taken at admission and freed when the request retires (done, and no submitted fence
+still holds it); a freed row is reused by a later admission. Handles are never reused.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from enum import Enum
+from dataclasses import dataclass
+from enum import IntEnum
 
-from helios.errors import ResourceExhausted
-from helios.scheduler.plan import FinishReason, RequestHandle, RequestSpec
-from helios.scheduler.service import ServiceHistory
-from helios.scheduler.speculation import SpeculationState
+import numpy as np
 
-
-class Phase(Enum):
-    PREFILL = "prefill"  # prompt not fully consumed (resident or not)
-    DECODE = "decode"  # prompt consumed: a delivery-bearing stream
-    DONE = "done"  # finished or cancelled; resources held until the last fence
+from helios.scheduler.plan import NO_SLOT, FinishReason, RequestHandle, RequestSpec
+from helios.scheduler.speculation import SpeculationColumns
 
 
-@dataclass(slots=True)
-class Request:
+
+
+class Phase(IntEnum):
+    PREFILL = 0  # prompt not fully consumed (resident or not)
+    DECODE = 1  # prompt consumed: a delivery-bearing stream
+    DONE = 2  # finished or cancelled; resources held until the last fence
+
+
+# The phase column's codes as plain ints: numpy compares them without probing an enum member.
+PREFILL, DECODE, DONE = (int(p) for p in Phase)
+
+
+_INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "prompt_done", "output_done",
+                "queued_prompt", "queued_output", "slot", "pages", "inflight", "last_served_seq",
+                "last_publication_ns", "pending_fence")
+_FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z")
+_BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",
+                 "has_publication", "has_pending")
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRow:
+    """A read-only copy of one request's row, for tests and debugging (never the hot path)."""
+
     handle: RequestHandle
     spec: RequestSpec
-    admitted_ns: int
-    history: ServiceHistory
-    epoch: int = 0
-    version: int = 0  # bumps whenever committed or queued work changes
-    slot: int | None = None
-    pages: int = 0
-    prompt_done: int = 0  # committed prompt cursor (cached tokens count as consumed)
-    output_done: int = 0
-    queued_prompt: int = 0  # in flight, not yet committed
-    queued_output: int = 0
-    inflight: list = field(default_factory=list)  # fences holding this request's resources
-    finish: FinishReason | None = None
-    cancelled: bool = False
-    last_publication_ns: int | None = None
-    last_served_seq: int = -1  # decision counter of the last service: less recent wins ties
-    pending_delivery: tuple | None = None  # (fence, delta_ms, log_z before the interval)
-    phase: Phase = Phase.PREFILL  # kept by update_phase(): read on every decision
-    speculation: SpeculationState = field(default_factory=SpeculationState)
-
-    def update_phase(self) -> None:
-        if self.finish is not None or self.cancelled:
-            self.phase = Phase.DONE
-        else:
-            self.phase = Phase.DECODE if self.prompt_done >= self.spec.prompt_tokens else Phase.PREFILL
+    phase: Phase
+    epoch: int
+    version: int
+    slot: int | None
+    pages: int
+    prompt_done: int
+    output_done: int
+    queued_prompt: int
+    queued_output: int
+    inflight: int
+    finish: FinishReason | None
+    log_x: float
+    log_z: float | None
+    last_publication_ns: int | None
+    last_served_seq: int
 
     @property
     def prompt_left(self) -> int:
-        """Uncommitted, unqueued prompt tokens."""
         return self.spec.prompt_tokens - self.prompt_done - self.queued_prompt
 
     @property
     def output_left(self) -> int:
         return self.spec.max_output_tokens - self.output_done - self.queued_output
 
-    @property
-    def context_tokens(self) -> int:
-        return self.prompt_done + self.queued_prompt + self.output_done + self.queued_output
 
-    def next_endpoint(self) -> int:
-        """Next message endpoint or the prompt end, measured from the queued cursor."""
-        cursor = self.prompt_done + self.queued_prompt
-        for e in self.spec.endpoints:
-            if e > cursor:
-                return e
-        return self.spec.prompt_tokens
+class RequestTable:
+    """The columns (`depth`: the draft capacity of the speculation matrices). `last_served_seq` is the decision counter of the last service (0: never
+    served), `log_z` is NaN until the first published burst, `pending_*` hold the delivery
+    interval a publication will resolve (`pending_log_z` NaN: the first burst)."""
 
+    def __init__(self, depth: int, capacity: int = 64):
+        self.capacity = 0
+        self.speculation = SpeculationColumns(depth)  # [rows, depth] acceptance and forecast
+        self.index: dict[RequestHandle, int] = {}
+        self.specs: list[RequestSpec | None] = []
+        self.finish: list[FinishReason | None] = []
+        self._free: list[int] = []
+        for name in _INT_COLUMNS:
+            setattr(self, name, np.zeros(0, dtype=np.int64))
+        for name in _FLOAT_COLUMNS:
+            setattr(self, name, np.zeros(0))
+        for name in _BOOL_COLUMNS:
+            setattr(self, name, np.zeros(0, dtype=bool))
+        self.phase = np.zeros(0, dtype=np.int8)
+        self._grow(capacity)
 
-class ResourcePool:
-    """Slots and pages. A request holds one slot and its full page extent while resident."""
+    def _grow(self, capacity: int) -> None:
+        old = self.capacity
+        for name in _INT_COLUMNS + _FLOAT_COLUMNS + _BOOL_COLUMNS + ("phase",):
+            col = getattr(self, name)
+            new = np.zeros(capacity, dtype=col.dtype)
+            new[:old] = col
+            setattr(self, name, new)
+        self.phase[old:] = DONE  # a free row is never live
+        self.specs += [None] * (capacity - old)
+        self.speculation.grow(capacity)
+        self.finish += [None] * (capacity - old)
+        # pop() hands out the lowest free row first.
+        self._free = list(range(capacity - 1, old - 1, -1)) + self._free
+        self.capacity = capacity
 
-    def __init__(self, slots: int, pages: int, page_tokens: int, max_context: int, draft_tokens: int = 0):
-        self.page_tokens = page_tokens
-        self.draft_tokens = draft_tokens
-        self.max_context = max_context
-        self.total_pages = pages
-        self.free_pages = pages
-        self._free_slots = list(range(slots - 1, -1, -1))  # pop() hands out slot 0 first
-        self.total_slots = slots
+    # ---- rows ------------------------------------------------------------------------
+    def add(self, handle: RequestHandle, spec: RequestSpec, log_x: float) -> int:
+        if not self._free:
+            self._grow(2 * self.capacity)
+        row = self._free.pop()
+        self.index[handle] = row
+        self.specs[row] = spec
+        self.speculation.clear(row)
+        self.finish[row] = None
+        for name in _INT_COLUMNS:
+            getattr(self, name)[row] = 0
+        for name in _BOOL_COLUMNS:
+            getattr(self, name)[row] = False
+        self.handle[row] = handle
+        self.prompt_tokens[row] = spec.prompt_tokens
+        self.max_output[row] = spec.max_output_tokens
+        self.prompt_done[row] = spec.cached_tokens  # cached tokens count as consumed
+        self.slot[row] = NO_SLOT
+        self.occupied[row] = True
+        self.host_feedback[row] = spec.host_feedback
+        self.score_prompt[row] = spec.score_prompt
+        self.has_endpoints[row] = bool(spec.endpoints)
+        self.log_x[row] = log_x
+        self.log_z[row] = np.nan
+        self.pending_delta_ms[row] = 0.0
+        self.pending_log_z[row] = np.nan
+        self.update_phase(np.array([row]))
+        return row
 
-    @property
-    def free_slots(self) -> int:
-        return len(self._free_slots)
+    def remove(self, row: int) -> None:
+        del self.index[int(self.handle[row])]
+        self.occupied[row] = False
+        self.phase[row] = DONE
+        self.specs[row] = None
+        self._free.append(row)
 
-    def extent_pages(self, spec: RequestSpec) -> int:
-        # The whole context extent plus declared draft storage, pinned while resident.
-        tokens = min(spec.prompt_tokens + spec.max_output_tokens, self.max_context) + self.draft_tokens
-        return -(-tokens // self.page_tokens)
+    def row(self, handle: RequestHandle) -> int | None:
+        return self.index.get(handle)
 
-    def acquire(self, request: Request) -> None:
-        need = self.extent_pages(request.spec)
-        if not self._free_slots or need > self.free_pages:
-            raise ResourceExhausted(
-                f"request {request.handle} needs a slot and {need} pages; "
-                f"{len(self._free_slots)} slots and {self.free_pages} pages are free"
-            )
-        request.slot = self._free_slots.pop()
-        request.pages = need
-        self.free_pages -= need
+    def __contains__(self, handle) -> bool:
+        return handle in self.index
 
-    def release(self, request: Request) -> None:
-        if request.slot is None:
-            return
-        self._free_slots.append(request.slot)
-        self.free_pages += request.pages
-        request.slot, request.pages = None, 0
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __iter__(self):
+        return iter(self.index)  # handles, in admission order
+
+    def __getitem__(self, handle: RequestHandle) -> RequestRow:
+        r = self.index[handle]
+        slot = int(self.slot[r])
+        return RequestRow(handle, self.specs[r], Phase(int(self.phase[r])), int(self.epoch[r]),
+                          int(self.version[r]), None if slot == NO_SLOT else slot, int(self.pages[r]),
+                          int(self.prompt_done[r]), int(self.output_done[r]), int(self.queued_prompt[r]),
+                          int(self.queued_output[r]), int(self.inflight[r]), self.finish[r],
+                          float(self.log_x[r]), None if np.isnan(self.log_z[r]) else float(self.log_z[r]),
+                          int(self.last_publication_ns[r]) if self.has_publication[r] else None,
+                          int(self.last_served_seq[r]))
+
+    def get(self, handle: RequestHandle) -> RequestRow | None:
+        return self[handle] if handle in self.index else None
+
+    def handles(self) -> list[RequestHandle]:
+        return list(self.index)
+
+    # ---- vectorized reads --------------------------------------------------------------
+    def live_rows(self) -> np.ndarray:
+        """Rows of live (not done) requests in admission order: every tie-break that falls
+        through to position sees the same order as a handle-ordered list."""
+        rows = np.flatnonzero(self.phase != DONE)
+        return rows[np.argsort(self.handle[rows], kind="stable")]
+
+    def prompt_left(self, rows) -> np.ndarray:
+        """Uncommitted, unqueued prompt tokens."""
+        return self.prompt_tokens[rows] - self.prompt_done[rows] - self.queued_prompt[rows]
+
+    def output_left(self, rows) -> np.ndarray:
+        return self.max_output[rows] - self.output_done[rows] - self.queued_output[rows]
+
+    def prompt_cursor(self, rows) -> np.ndarray:
+        return self.prompt_done[rows] + self.queued_prompt[rows]
+
+    def context_tokens(self, rows) -> np.ndarray:
+        return self.prompt_done[rows] + self.queued_prompt[rows] + self.output_done[rows] + self.queued_output[rows]
+
+    def to_endpoint(self, rows) -> np.ndarray:
+        """Tokens from the committed cursor to the next message endpoint (or the prompt end),
+        the endpoint taken after the queued cursor."""
+        rows = np.asarray(rows, dtype=np.int64)
+        ends = self.prompt_tokens[rows].copy()
+        for i in np.flatnonzero(self.has_endpoints[rows]).tolist():
+            r = int(rows[i])
+            cursor = int(self.prompt_done[r] + self.queued_prompt[r])
+            ends[i] = next((e for e in self.specs[r].endpoints if e > cursor), ends[i])
+        return ends - self.prompt_done[rows]
+
+    def set_finish(self, row: int, reason: FinishReason) -> None:
+        self.finish[row] = reason
+        self.finished[row] = True
+
+    def update_phase(self, rows) -> None:
+        rows = np.asarray(rows, dtype=np.int64)
+        done = self.cancelled[rows] | self.finished[rows]
+        decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
+        self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))

@@ -22,31 +22,20 @@ def _log(value: float) -> float:
     return math.log(value) if value > 0 else NEG_INF
 
 
-@dataclass(slots=True)
-class ServiceHistory:
-    """Physical service rates of one request: tokens/ms and deliveries/ms, as logs."""
+def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
+    """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d,  on scalars or arrays.
 
-    log_x: float
-    log_z: float | None = None  # None until the first published burst
-
-
-def logaddexp(a: float, b: float) -> float:
-    """Scalar log(e^a + e^b) in plain floats (numpy's scalar call costs more than the math)."""
-    hi, lo = (a, b) if a >= b else (b, a)
-    return hi + math.log1p(math.exp(lo - hi)) if lo > -math.inf else hi
-
-
-def ewma_log(log_rate: float, delta_ms: float, served: float, tau_ms: float) -> float:
-    """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d.
-
-    An unserved interval multiplies the rate by e^(-d/tau), so its price grows by e^(d/tau);
-    the logaddexp form is exact and cannot overflow however long the request waits.
+    The one EWMA of the scheduler: planning's projection, interval accounting and publication
+    all use it. An unserved interval (served = 0) multiplies the rate by e^(-d/tau) exactly,
+    so its price grows by e^(d/tau); the logaddexp form cannot overflow however long the
+    request waits. A NaN rate (no history) stays NaN.
     """
-    decayed = log_rate - delta_ms / tau_ms
-    if served <= 0:
-        return decayed
-    fresh = math.log(-math.expm1(-delta_ms / tau_ms)) + math.log(served / delta_ms)
-    return logaddexp(decayed, fresh)
+    decay = np.divide(delta_ms, tau_ms)
+    log_keep = np.log(-np.expm1(-decay) / delta_ms)  # log((1 - e^(-d/tau)) / d)
+    served = np.asarray(served, dtype=float)
+    log_served = np.full(served.shape, NEG_INF)  # log 0, without a divide-by-zero warning
+    np.log(served, out=log_served, where=served > 0)
+    return np.logaddexp(np.subtract(log_rate, decay), log_keep + log_served)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +58,9 @@ def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients):
 
     Requests without a delivery history carry NaN in log_z and get a zero delivery price.
     """
-    with np.errstate(invalid="ignore"):
-        fair = k.log_f - log_x  # log(f/x)
-        prefill = np.logaddexp(0.0, fair)  # log(1 + f/x)
-        output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
-        delivery = np.where(np.isnan(log_z), NEG_INF, k.log_g - log_z)  # log(g/z)
+    fair = k.log_f - log_x  # log(f/x); rates are finite, so no inf - inf
+    prefill = np.logaddexp(0.0, fair)  # log(1 + f/x)
+    output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
+    delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
+    delivery[np.isnan(log_z)] = NEG_INF
     return prefill, output, delivery

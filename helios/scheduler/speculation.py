@@ -10,7 +10,6 @@ keep their means.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from enum import Enum
 
 import numpy as np
@@ -41,65 +40,89 @@ class PopulationPrior:
         self.means[: len(s)] = s
 
 
-@dataclass(slots=True)
-class PrefixEstimate:
-    means: np.ndarray
-    weights: np.ndarray
-    generated_at_update: int = 0
+class PrefixColumns:
+    """Prefix estimates of many requests as [rows, depth] matrices (0-based draft positions):
+    means, weights, the generated count at the last update, and whether a row has its own
+    estimate yet (until then the population prior stands in for it)."""
 
-    @staticmethod
-    def from_prior(prior: PopulationPrior, generated: int = 0) -> "PrefixEstimate":
-        return PrefixEstimate(prior.means.copy(), np.full(len(prior.means), START_WEIGHT), generated)
+    def __init__(self, depth: int, capacity: int = 0):
+        self.depth = depth
+        self.means = np.zeros((capacity, depth))
+        self.weights = np.zeros((capacity, depth))
+        self.generated = np.zeros(capacity, dtype=np.int64)
+        self.has = np.zeros(capacity, dtype=bool)
 
-    def age(self, generated: int) -> None:
+    def grow(self, capacity: int) -> None:
+        old = len(self.has)
+        for name in ("means", "weights", "generated", "has"):
+            col = getattr(self, name)
+            new = np.zeros((capacity,) + col.shape[1:], dtype=col.dtype)
+            new[:old] = col
+            setattr(self, name, new)
+
+    def start(self, row: int, prior: PopulationPrior, generated: int) -> None:
+        self.means[row] = prior.means
+        self.weights[row] = START_WEIGHT
+        self.generated[row] = generated
+        self.has[row] = True
+
+    def current(self, rows: np.ndarray, prior: PopulationPrior) -> np.ndarray:
+        """Each row's means, or the prior's for rows without an estimate: [len(rows), depth]."""
+        return np.where(self.has[rows, None], self.means[rows], prior.means)
+
+    def age(self, row: int, generated: int) -> None:
         # Weights halve every 128 generated tokens, so old behaviour fades.
-        elapsed = generated - self.generated_at_update
+        elapsed = generated - int(self.generated[row])
         if elapsed > 0:
-            self.weights *= 0.5 ** (elapsed / HALF_LIFE_TOKENS)
-            self.generated_at_update = generated
+            self.weights[row] *= 0.5 ** (elapsed / HALF_LIFE_TOKENS)
+            self.generated[row] = generated
 
-    def observe(self, depths: np.ndarray, values: np.ndarray) -> None:
+    def observe(self, row: int, depths: np.ndarray, values: np.ndarray) -> None:
         """depths are 0-based positions (d-1); values in [0, 1]."""
-        w = self.weights[depths]
-        self.means[depths] = (w * self.means[depths] + values) / (w + 1.0)
-        self.weights[depths] = np.minimum(w + 1.0, WEIGHT_CAP)
+        w = self.weights[row, depths]
+        self.means[row, depths] = (w * self.means[row, depths] + values) / (w + 1.0)
+        self.weights[row, depths] = np.minimum(w + 1.0, WEIGHT_CAP)
 
-    def optimistic(self) -> np.ndarray:
+    def optimistic(self, row: int) -> np.ndarray:
         """Funded acceptance learning's bound: min(1, mean + sqrt(ln 20 / (2 * aged weight)))."""
-        return np.minimum(1.0, self.means + np.sqrt(CONFIDENCE_Z / (2.0 * self.weights)))
+        return np.minimum(1.0, self.means[row] + np.sqrt(CONFIDENCE_Z / (2.0 * self.weights[row])))
 
 
-@dataclass(slots=True)
-class SpeculationState:
-    """One request's acceptance (per source) and confidence forecast."""
+class SpeculationColumns:
+    """Every request row's acceptance (per proposal source) and confidence forecast."""
 
-    acceptance: dict = field(default_factory=dict)  # ProposalSource -> PrefixEstimate
-    forecast: PrefixEstimate | None = None
+    def __init__(self, depth: int, capacity: int = 0):
+        self.acceptance = {s: PrefixColumns(depth, capacity) for s in ProposalSource}
+        self.forecast = PrefixColumns(depth, capacity)
+
+    def _all(self) -> list[PrefixColumns]:
+        return [*self.acceptance.values(), self.forecast]
+
+    def grow(self, capacity: int) -> None:
+        for cols in self._all():
+            cols.grow(capacity)
+
+    def clear(self, row: int) -> None:
+        for cols in self._all():
+            cols.has[row] = False
 
 
 class SpeculationModel:
-    """Population priors plus the per-request update rules."""
+    """Population priors plus the per-request update rules, on `SpeculationColumns` rows."""
 
     def __init__(self, depth: int):
         self.depth = depth
         self.acceptance_prior = {s: PopulationPrior(depth) for s in ProposalSource}
         self.forecast_prior = PopulationPrior(depth)
 
-    def state(self, st: SpeculationState, source: ProposalSource, generated: int) -> PrefixEstimate:
-        est = st.acceptance.get(source)
-        if est is None:
-            est = st.acceptance[source] = PrefixEstimate.from_prior(self.acceptance_prior[source], generated)
-        return est
+    def survival(self, cols: SpeculationColumns, rows: np.ndarray, source: ProposalSource) -> np.ndarray:
+        return cols.acceptance[source].current(rows, self.acceptance_prior[source])
 
-    def survival(self, st: SpeculationState, source: ProposalSource) -> np.ndarray:
-        est = st.acceptance.get(source)
-        return (est.means if est is not None else self.acceptance_prior[source].means)
+    def forecast(self, cols: SpeculationColumns, rows: np.ndarray) -> np.ndarray:
+        return cols.forecast.current(rows, self.forecast_prior)
 
-    def forecast(self, st: SpeculationState) -> np.ndarray:
-        return st.forecast.means if st.forecast is not None else self.forecast_prior.means
-
-    def observe_round(self, st: SpeculationState, source: ProposalSource, generated: int, accepted: int,
-                      offered: int, censored: bool, survival: np.ndarray | None = None) -> None:
+    def observe_round(self, cols: SpeculationColumns, row: int, source: ProposalSource, generated: int,
+                      accepted: int, offered: int, censored: bool, survival: np.ndarray | None = None) -> None:
         """Accepted prefixes are positive; a rejection is zero for every longer offered prefix;
         termination censors the remaining suffix. Survival rows replace binary observations."""
         if offered <= 0:
@@ -110,19 +133,22 @@ class SpeculationModel:
         if survival is not None:
             n = min(len(survival), last)
             values[:n] = survival[:n]
-        est = self.state(st, source, generated)
-        est.age(generated)
-        est.observe(depths, values)
+        est = cols.acceptance[source]
+        if not est.has[row]:
+            est.start(row, self.acceptance_prior[source], generated)
+        est.age(row, generated)
+        est.observe(row, depths, values)
         self.acceptance_prior[source].observe(depths, values)
 
-    def observe_confidence(self, st: SpeculationState, generated: int, joint: np.ndarray) -> None:
+    def observe_confidence(self, cols: SpeculationColumns, row: int, generated: int, joint: np.ndarray) -> None:
         if not len(joint):
             return
-        if st.forecast is None:
-            st.forecast = PrefixEstimate.from_prior(self.forecast_prior, generated)
+        est = cols.forecast
+        if not est.has[row]:
+            est.start(row, self.forecast_prior, generated)
         depths = np.arange(len(joint))
-        st.forecast.age(generated)
-        st.forecast.observe(depths, joint)
+        est.age(row, generated)
+        est.observe(row, depths, joint)
         self.forecast_prior.observe(depths, joint)
 
 

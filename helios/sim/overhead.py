@@ -32,7 +32,12 @@ def cost_models() -> dict:
             "vidur 70B/A100 TP2": VidurCostModel.from_data("a100-70b-tp2")}
 
 
+PARTS = ("plan", "commit", "complete", "publish")
+
+
 def measure(active: int, iterations: int = 300, model=None) -> dict:
+    """Mean wall time per decision and per part of it. The completion records are the core's
+    work: they are built outside the timed parts."""
     catalog = bench_catalog()
     model = model or SyntheticCostModel.realistic_small()
     s = Scheduler(catalog, config=SchedulerConfig(request_slots=64, kv_pages=1 << 16))
@@ -40,33 +45,43 @@ def measure(active: int, iterations: int = 300, model=None) -> dict:
     for _ in range(active):
         s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000), 0)  # long-lived streams
     fence, now = 0, 0
+    spent = dict.fromkeys(PARTS, 0.0)
+    clock = time.perf_counter
 
-    def run(plan) -> float:
+    def run(plan) -> None:
         nonlocal fence, now
         fence += 1
-        t0 = time.perf_counter()
+        t0 = clock()
         s.commit(plan, fence)
+        t1 = clock()
         dur = plan.estimated_duration_ns
         now += dur
         s.advance_to(now)
         records = [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, (11,) * l.output_rows) for l in plan.lanes]
-        out = s.complete(fence, records, ExecutionTiming((dur,), wall_ns=dur))
+        timing = ExecutionTiming((dur,), wall_ns=dur)
+        t2 = clock()
+        out = s.complete(fence, records, timing)
+        t3 = clock()
         for g in out:
             s.published_output(g.handle, fence)
-        return time.perf_counter() - t0
+        t4 = clock()
+        spent["commit"] += t1 - t0
+        spent["complete"] += t3 - t2
+        spent["publish"] += t4 - t3
 
     while (p := s.plan()) is not None and p.shape.kind is not GraphKind.DECODE:
         run(p)
-    total = 0.0
+    spent = dict.fromkeys(PARTS, 0.0)
     for _ in range(iterations):
-        t0 = time.perf_counter()
+        t0 = clock()
         p = s.plan()
-        total += time.perf_counter() - t0
-        total += run(p)
+        spent["plan"] += clock() - t0
+        run(p)
     shortest = min(model.duration_ns(sh, [64]) for sh in catalog.of_kind(GraphKind.DECODE))
-    per = total / iterations
+    per = sum(spent.values()) / iterations
     return {"active": active, "graphs": len(catalog), "decision_us": per * 1e6,
-            "shortest_decode_us": shortest / 1e3, "ratio": per * 1e9 / shortest, "last": p.shape.label()}
+            "shortest_decode_us": shortest / 1e3, "ratio": per * 1e9 / shortest, "last": p.shape.label(),
+            "parts_us": {k: v / iterations * 1e6 for k, v in spent.items()}}
 
 
 def print_overhead(iterations: int = 300) -> list[dict]:
@@ -77,5 +92,7 @@ def print_overhead(iterations: int = 300) -> list[dict]:
         print(f"{'active':>6}  {'decision (us)':>13}  {'ratio to shortest decode':>24}  last graph")
         for r in rows:
             print(f"{r['active']:>6}  {r['decision_us']:>13.1f}  {r['ratio']:>23.2%}  {r['last']}")
+        parts = rows[-1]["parts_us"]
+        print(f"  at {rows[-1]['active']} active: " + ", ".join(f"{k} {v:.1f} us" for k, v in parts.items()))
         out += rows
     return out

@@ -80,7 +80,7 @@ class Stepper:
         plan = self.sched.plan()
         if plan is None:
             return None
-        decodes = tuple(r.handle for r in self.sched.running_decodes()) if hasattr(self.sched, "running_decodes") else ()
+        decodes = tuple(int(self.sched.requests.handle[r]) for r in self.sched.running_decodes()) if hasattr(self.sched, "running_decodes") else ()
         self.fence += 1
         self.sched.commit(plan, self.fence)
         self.log.append((plan, decodes))

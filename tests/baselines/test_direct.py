@@ -84,7 +84,7 @@ def run_watched(arrivals):
     commit = sched.commit
 
     def watched(plan, fence):
-        decoders = any(r.phase is Phase.DECODE and r.output_left > 0 for r in sched.requests.values())
+        decoders = any(r.phase is Phase.DECODE and r.output_left > 0 for r in map(sched.request_row, sched.requests))
         seen.append((plan.shape.kind, len(sched.queue), decoders))
         commit(plan, fence)
 

@@ -73,7 +73,7 @@ def test_decodes_never_starved_by_prefill(cls, budget):
     short = [st.admit(RequestSpec(32, 60)) for _ in range(3)]
     for _ in range(3):
         st.step()
-    assert {r.handle for r in st.sched.running_decodes()} == set(short)
+    assert {int(st.sched.requests.handle[r]) for r in st.sched.running_decodes()} == set(short)
     st.admit(RequestSpec(5000, 4))
     st.admit(RequestSpec(3000, 4))
     st.run()

@@ -89,7 +89,7 @@ def weighted_service_gap(name: str, **options) -> tuple[float, float]:
             first = lane.prompt_tokens and lane.prompt_start == spec.cached_tokens
             served[spec.client] += w_p * spec.prompt_tokens if first else 0.0
             served[spec.client] += w_q * (plan.shape.kind is GraphKind.DECODE)
-        if {"heavy", "light"} <= {r.spec.client for r in sched.waiting()}:
+        if {"heavy", "light"} <= {sched.requests.specs[r].client for r in sched.waiting()}:
             gap[0] = max(gap[0], abs(served["heavy"] - served["light"]))
 
     sched.commit = watched

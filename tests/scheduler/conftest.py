@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from helios.config import PolicyConfig, SchedulerConfig
@@ -29,12 +30,12 @@ class FixedCosts:
         return int(self.table[shape] * MS)
 
 
-def make(table: dict, *, measured=True, policy=None, config=None, now=0) -> Scheduler:
-    """Scheduler over `table`'s shapes; `measured` seeds every cost with one observation."""
+def make(table: dict, *, measured=True, policy=None, config=None, now=0, unmeasured=()) -> Scheduler:
+    """Scheduler over `table`'s shapes; `measured` seeds every cost but `unmeasured` with one
+    observation."""
     s = Scheduler(Catalog(table), policy or PolicyConfig(), config or SchedulerConfig())
     if measured:
-        for shape, ms in table.items():
-            s.costs.observe(shape, int(ms * MS), now)
+        s.seed_costs({shape: [int(ms * MS)] for shape, ms in table.items() if shape not in unmeasured}, now)
     return s
 
 
@@ -94,10 +95,27 @@ class Driver:
         return plans
 
 
+def shift_log_x(s: Scheduler, handle, delta: float) -> None:
+    """Move a request's observed log token rate (a request that waited, or was served, longer)."""
+    s.publications.flush()
+    s.requests.log_x[s.requests.row(handle)] += delta
+
+
+def table_digest(t):
+    """Every column, row object and the free list of a RequestTable."""
+    columns = {name: value.tobytes() for name, value in vars(t).items() if isinstance(value, np.ndarray)}
+    spec_states = [(c.means.tobytes(), c.weights.tobytes(), c.generated.tobytes(), c.has.tobytes())
+                   for c in t.speculation._all()]
+    return (sorted(columns.items()), repr(t.specs), repr(t.finish), spec_states, sorted(t.index.items()),
+            list(t._free), t.capacity)
+
+
 def digest(s: Scheduler):
     """Everything a completion may change, for 'state unchanged' assertions."""
     return (
-        repr(sorted(s.requests.items())),
+        table_digest(s.requests),
+        list(s.publications.reported),
+        repr(s.speculation.acceptance_prior[s.source].means.tobytes()),
         s.queue.fences(),
         repr(sorted((k.label(), e.estimate_ns, tuple(e.samples), e.last_valid_ns) for k, e in s.costs._entries.items())),
         s.resources.free_slots, s.resources.free_pages,

@@ -8,7 +8,7 @@ import pytest
 
 from helios.scheduler import ExecutionTiming
 
-from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for, spec
+from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, records_for, spec
 
 TABLE = {decode(1): 10.0, decode(2): 10.0, decode(4): 10.0, prefill(64): 5.0, prefill(64, 4): 5.0}
 TAU = 100.0
@@ -27,14 +27,14 @@ def test_unselected_participants_get_zero_service_over_the_interval():
     s = make(table)
     a, b = s.admit(spec(out=100), 0), s.admit(spec(out=100), 0)
     Driver(s, FixedCosts(table)).run_one()
-    s.requests[b].history.log_x -= 3  # b has the higher price: the batch-one graph takes b
+    shift_log_x(s, b, -3)  # b has the higher price: the batch-one graph takes b
     p = s.plan()
     assert p.handles == (b,)
-    before = s.requests[a].history.log_x
+    before = s.request_row(a).log_x
     s.commit(p, 10)
     s.advance_to(s.now_ns + 10 * MS)
     s.complete(10, records_for(p), ExecutionTiming((10 * MS,)))
-    assert s.requests[a].history.log_x == pytest.approx(before - 10.0 / TAU)
+    assert s.request_row(a).log_x == pytest.approx(before - 10.0 / TAU)
 
 
 def test_requests_admitted_after_dispatch_are_not_participants():
@@ -42,22 +42,22 @@ def test_requests_admitted_after_dispatch_are_not_participants():
     p = s.plan()
     s.commit(p, 10)
     late = s.admit(spec(), s.now_ns)
-    before = s.requests[late].history.log_x
+    before = s.request_row(late).log_x
     s.advance_to(s.now_ns + 10 * MS)
     s.complete(10, records_for(p), ExecutionTiming((10 * MS,)))
-    assert s.requests[late].history.log_x == before
+    assert s.request_row(late).log_x == before
 
 
 def test_isolated_frame_interval_is_the_larger_of_device_and_wall_time():
     s, a, b = two_decoders()
     p = s.plan()
     s.commit(p, 10)
-    before = s.requests[a].history.log_x
+    before = s.request_row(a).log_x
     s.advance_to(s.now_ns + 30 * MS)
     s.complete(10, records_for(p), ExecutionTiming((10 * MS,), wall_ns=30 * MS))
     d = 30.0
     expected = float(np.logaddexp(before - d / TAU, math.log(-math.expm1(-d / TAU) / d)))
-    assert s.requests[a].history.log_x == pytest.approx(expected)
+    assert s.request_row(a).log_x == pytest.approx(expected)
 
 
 def test_queued_frame_interval_is_the_device_interval_only():
@@ -68,41 +68,41 @@ def test_queued_frame_interval_is_the_device_interval_only():
     s.commit(p2, 11)
     s.advance_to(s.now_ns + 10 * MS)
     s.complete(10, records_for(p1), ExecutionTiming((10 * MS,), wall_ns=10 * MS))
-    before = s.requests[a].history.log_x
+    before = s.request_row(a).log_x
     s.advance_to(s.now_ns + 40 * MS)
     s.complete(11, records_for(p2), ExecutionTiming((10 * MS,), wall_ns=40 * MS))
     d = 10.0
     expected = float(np.logaddexp(before - d / TAU, math.log(-math.expm1(-d / TAU) / d)))
-    assert s.requests[a].history.log_x == pytest.approx(expected)
+    assert s.request_row(a).log_x == pytest.approx(expected)
 
 
 def test_missing_device_interval_leaves_service_and_cost_unchanged():
     s, a, b = two_decoders()
     p = s.plan()
-    before = (s.requests[a].history.log_x, s.costs.estimate_ns(p.shape))
+    before = (s.request_row(a).log_x, s.costs.estimate_ns(p.shape))
     s.commit(p, 10)
     s.complete(10, records_for(p), ExecutionTiming((None, 0)))
-    assert (s.requests[a].history.log_x, s.costs.estimate_ns(p.shape)) == before
+    assert (s.request_row(a).log_x, s.costs.estimate_ns(p.shape)) == before
 
 
 def test_delivery_counts_at_publication_once_per_burst():
     s, a, b = two_decoders()
     for h in (a, b):
         s.published_output(h, 1)
-    z0 = s.requests[a].history.log_z
+    z0 = s.request_row(a).log_z
     p = s.plan()
     s.commit(p, 10)
     s.advance_to(s.now_ns + 10 * MS)
     s.complete(10, records_for(p), ExecutionTiming((10 * MS,)))
     # Completion records zero deliveries...
-    assert s.requests[a].history.log_z == pytest.approx(z0 - 10 / TAU)
+    assert s.request_row(a).log_z == pytest.approx(z0 - 10 / TAU)
     s.published_output(a, 10)
-    after = s.requests[a].history.log_z
+    after = s.request_row(a).log_z
     # ...publication replaces it with exactly one, and repeating it changes nothing.
     expected = float(np.logaddexp(z0 - 0.1, math.log(-math.expm1(-0.1) / 10)))
     assert after == pytest.approx(expected)
     s.published_output(a, 10)
-    assert s.requests[a].history.log_z == after
+    assert s.request_row(a).log_z == after
 
 
 def test_first_burst_initializes_a_missing_delivery_history():
@@ -112,16 +112,16 @@ def test_first_burst_initializes_a_missing_delivery_history():
     s.commit(p, 1)
     s.advance_to(5 * MS)
     s.complete(1, records_for(p), ExecutionTiming((5 * MS,)))
-    assert s.requests[h].history.log_z is None
+    assert s.request_row(h).log_z is None
     s.published_output(h, 1)
-    assert s.requests[h].history.log_z == pytest.approx(-math.log(5.0))  # one delivery over 5 ms
+    assert s.request_row(h).log_z == pytest.approx(-math.log(5.0))  # one delivery over 5 ms
 
 
 def test_output_age_runs_from_host_publication_time():
     s, a, b = two_decoders()
     s.advance_to(s.now_ns + 3 * MS)
     s.published_output(a, 1)
-    assert s.requests[a].last_publication_ns == s.now_ns
+    assert s.request_row(a).last_publication_ns == s.now_ns
 
 
 def test_a_cancelled_handle_cannot_charge_a_request_reusing_its_slot():

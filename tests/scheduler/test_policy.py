@@ -7,7 +7,7 @@ from helios.config import PolicyConfig, SchedulerConfig
 from helios.graphs import GraphKind
 from helios.scheduler.cost import CostState
 
-from conftest import MS, Driver, FixedCosts, decode, make, prefill, spec
+from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, spec
 
 # A measured synthetic catalog shaped like a ~7B model on one modern GPU.
 CATALOG = {
@@ -96,7 +96,7 @@ def test_heterogeneous_cohort_takes_the_highest_lane_values():
     s, d = drive(table)
     hs = [s.admit(spec(prompt=64, out=100), 0) for _ in range(3)]
     d.run_one()
-    s.requests[hs[1]].history.log_x -= 5  # starved for a while: far higher price
+    shift_log_x(s, hs[1], -5)  # starved for a while: far higher price
     assert s.plan().handles == (hs[1],)
 
 
@@ -159,8 +159,7 @@ def test_output_gap_raises_delivery_value_but_serves_everyone():
 
 def test_unknown_duration_wins_over_measured_and_ranks_by_value():
     table = dict(CATALOG)
-    s = make(table)
-    s.costs._entries.pop(decode(16))
+    s = make(table, unmeasured={decode(16)})
     for _ in range(12):
         s.admit(spec(prompt=64), 0)
     d = Driver(s, FixedCosts(table))

@@ -7,7 +7,7 @@ from helios.errors import InvalidCompletion, QueueFull, StalePlan
 from helios.graphs import GraphKind
 from helios.scheduler import ExecutionTiming
 
-from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for, spec
+from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, records_for, spec
 
 TABLE = {decode(1): 8.0, decode(2): 8.5, decode(4): 9.0, prefill(64): 6.0, prefill(64, 4): 9.0,
          prefill(1024): 30.0}
@@ -45,7 +45,7 @@ def test_feedback_dependent_winner_is_not_displaced_by_queueable_work():
     s, hs, _ = decoding()
     s.commit(s.plan(), 100)
     s.admit(spec(prompt=1000), s.now_ns)
-    s.requests[max(s.requests)].history.log_x -= 10  # a long-waiting, high-priced prompt
+    shift_log_x(s, max(s.requests), -10)  # a long-waiting, high-priced prompt
     # The prefill wins but needs an empty window; decode is submit-ready yet must not go first.
     assert s.plan() is None
     s.advance_to(s.now_ns + 9 * MS)
@@ -56,8 +56,7 @@ def test_feedback_dependent_winner_is_not_displaced_by_queueable_work():
 
 def test_unknown_cost_requires_an_empty_queue_and_feedback():
     table = dict(TABLE)
-    s, hs, d = decoding(3, table)
-    s.costs._entries.pop(decode(4))
+    s, hs, d = decoding(3, table, unmeasured={decode(4)})
     p = s.plan()
     assert p.shape == decode(4) and p.requires_feedback
     s.commit(p, 100)

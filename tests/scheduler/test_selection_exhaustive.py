@@ -20,20 +20,24 @@ TABLE = {decode(1): 8.0, decode(2): 8.6, decode(4): 9.9, prefill(64): 6.0, prefi
          prefill(64, 2): 7.5, prefill(64, 4): 10.0}
 
 
+def rows(s):
+    return [s.request_row(h) for h in s.requests]
+
+
 def objective(s, shape, subset, policy):
     """The spec's score, unscaled, for one shape and one cohort."""
     f, g, beta, c = policy.token_fairness, policy.delivery_fairness, policy.output_token_value, policy.decode_age_price
     t = TABLE[shape]
-    active = [r for r in s.requests.values() if r.phase is Phase.DECODE]
+    active = [r for r in rows(s) if r.phase is Phase.DECODE]
     k = len(active)
     sigma = None
     if k:
         sigma = k * min(TABLE[d] / min(d.batch_capacity, k) for d in TABLE if d.kind.value == "decode")
     value = 0.0
     for r in subset:
-        x = math.exp(r.history.log_x)
+        x = math.exp(r.log_x)
         if shape.kind.value == "decode":
-            z = None if r.history.log_z is None else math.exp(r.history.log_z)
+            z = None if r.log_z is None else math.exp(r.log_z)
             value += beta + f / x + (g / z if z else 0.0)
             age = (s.now_ns - r.last_publication_ns) / MS
             value += c * sigma * (age + t)
@@ -45,7 +49,7 @@ def objective(s, shape, subset, policy):
 
 def brute_force(s, policy):
     best = None
-    live = [r for r in s.requests.values() if r.phase is not Phase.DONE]
+    live = [r for r in rows(s) if r.phase is not Phase.DONE]
     for shape in TABLE:
         if shape.kind.value == "decode":
             pool = [r for r in live if r.phase is Phase.DECODE]
@@ -77,19 +81,19 @@ def test_plan_matches_exhaustive_enumeration(states, policy):
     s.advance_to(now)
     for decoding, lx, lz, age, left in states:
         h = s.admit(spec(prompt=left + 10, out=50), now)
-        r = s.requests[h]
-        r.history.log_x = lx
+        t, r = s.requests, s.requests.row(h)
+        t.log_x[r] = lx
         if decoding:
-            r.prompt_done = r.spec.prompt_tokens
-            r.history.log_z = lz
-            r.last_publication_ns = now - age * MS
+            t.prompt_done[r] = t.prompt_tokens[r]
+            t.log_z[r] = lz
+            t.last_publication_ns[r], t.has_publication[r] = now - age * MS, True
         else:
-            r.prompt_done = 10
-        r.update_phase()
+            t.prompt_done[r] = 10
+        t.update_phase([r])
     p = s.plan()
     expected, shape, handles = brute_force(s, policy)
     got = p.selection_value_rate() * math.exp(p.selection_log_scale())
     assert math.isclose(got, expected, rel_tol=1e-9, abs_tol=1e-9)
     # The plan's own shape and cohort, scored independently, reach the same optimum.
-    chosen = objective(s, p.shape, [s.requests[h] for h in p.handles], policy)
+    chosen = objective(s, p.shape, [s.request_row(h) for h in p.handles], policy)
     assert math.isclose(chosen, expected, rel_tol=1e-9, abs_tol=1e-9)

@@ -13,12 +13,18 @@ from helios.prepare import speculative_shapes
 from helios.scheduler import CompletionRecord, ExecutionTiming, Scheduler
 from helios.scheduler.policy import LanePool
 from helios.scheduler.rounds import _device_best_prefix, _gains, device_allocate
-from helios.scheduler.speculation import (PopulationPrior, PrefixEstimate, ProposalSource, SpeculationModel,
-                                          SpeculationState, expected_output)
+from helios.scheduler.speculation import (PopulationPrior, PrefixColumns, ProposalSource, SpeculationColumns,
+                                          SpeculationModel, expected_output)
 
 from conftest import MS, digest, prefill, spec
 
 SPEC = GraphKind.SPECULATIVE
+
+
+def own(cols, source, row=0):
+    """A row's own acceptance means (it must have started one)."""
+    assert cols.acceptance[source].has[row]
+    return cols.acceptance[source].means[row]
 
 
 def spec_shape(b, w, p=None):
@@ -60,43 +66,45 @@ def test_population_prior_starts_at_half_to_the_d_and_moves_by_one_sixty_fourth(
 
 def test_accepted_prefix_positive_rejection_zero_for_longer_offered_termination_censors():
     m = SpeculationModel(6)
-    st_ = SpeculationState()
-    m.observe_round(st_, ProposalSource.LEARNED, 10, accepted=2, offered=4, censored=False)
-    est = st_.acceptance[ProposalSource.LEARNED]
+    st_ = SpeculationColumns(6, 1)
+    m.observe_round(st_, 0, ProposalSource.LEARNED, 10, accepted=2, offered=4, censored=False)
+    est = own(st_, ProposalSource.LEARNED)
     prior = 0.5 ** np.arange(1, 7)
     # weight 2 at the prior, then one observation: (2 * prior + obs) / 3
-    assert est.means[:4] == pytest.approx((2 * prior[:4] + np.array([1, 1, 0, 0])) / 3)
-    assert est.means[4:] == pytest.approx(prior[4:])  # unobserved suffixes keep their means
-    st2 = SpeculationState()
+    assert est[:4] == pytest.approx((2 * prior[:4] + np.array([1, 1, 0, 0])) / 3)
+    assert est[4:] == pytest.approx(prior[4:])  # unobserved suffixes keep their means
+    st2 = SpeculationColumns(6, 1)
     m = SpeculationModel(6)  # a fresh population prior
-    m.observe_round(st2, ProposalSource.LEARNED, 10, accepted=2, offered=4, censored=True)
-    est2 = st2.acceptance[ProposalSource.LEARNED]
-    assert est2.means[2:4] == pytest.approx(prior[2:4])  # censored, not rejected
+    m.observe_round(st2, 0, ProposalSource.LEARNED, 10, accepted=2, offered=4, censored=True)
+    est2 = own(st2, ProposalSource.LEARNED)
+    assert est2[2:4] == pytest.approx(prior[2:4])  # censored, not rejected
 
 
 def test_width_one_rounds_supply_no_acceptance_observation():
     m = SpeculationModel(4)
-    st_ = SpeculationState()
-    m.observe_round(st_, ProposalSource.LEARNED, 5, accepted=0, offered=0, censored=False)
-    assert not st_.acceptance
+    st_ = SpeculationColumns(4, 1)
+    m.observe_round(st_, 0, ProposalSource.LEARNED, 5, accepted=0, offered=0, censored=False)
+    assert not any(c.has[0] for c in st_.acceptance.values())
 
 
 def test_weights_start_at_two_cap_at_128_and_age_with_half_life_128_tokens():
-    est = PrefixEstimate(np.array([0.5]), np.array([2.0]))
+    est = PrefixColumns(1, 1)
+    est.start(0, PopulationPrior(1), 0)
+    assert est.weights[0, 0] == 2.0 and est.means[0, 0] == 0.5
     for _ in range(500):
-        est.observe(np.array([0]), np.array([1.0]))
-    assert est.weights[0] == 128.0
-    est.age(128)
-    assert est.weights[0] == pytest.approx(64.0)
-    bound = est.optimistic()[0]
-    assert bound == pytest.approx(min(1.0, est.means[0] + math.sqrt(math.log(20) / (2 * 64.0))))
+        est.observe(0, np.array([0]), np.array([1.0]))
+    assert est.weights[0, 0] == 128.0
+    est.age(0, 128)
+    assert est.weights[0, 0] == pytest.approx(64.0)
+    bound = est.optimistic(0)[0]
+    assert bound == pytest.approx(min(1.0, est.means[0, 0] + math.sqrt(math.log(20) / (2 * 64.0))))
 
 
 def test_survival_rows_replace_binary_observations():
-    a, b = SpeculationState(), SpeculationState()
-    SpeculationModel(4).observe_round(a, ProposalSource.LEARNED, 0, 1, 3, False, survival=np.array([0.9, 0.6, 0.2]))
-    SpeculationModel(4).observe_round(b, ProposalSource.LEARNED, 0, 1, 3, False)
-    pa, pb = a.acceptance[ProposalSource.LEARNED].means, b.acceptance[ProposalSource.LEARNED].means
+    a, b = SpeculationColumns(4, 1), SpeculationColumns(4, 1)
+    SpeculationModel(4).observe_round(a, 0, ProposalSource.LEARNED, 0, 1, 3, False, survival=np.array([0.9, 0.6, 0.2]))
+    SpeculationModel(4).observe_round(b, 0, ProposalSource.LEARNED, 0, 1, 3, False)
+    pa, pb = own(a, ProposalSource.LEARNED), own(b, ProposalSource.LEARNED)
     assert pa[0] == pytest.approx((2 * 0.5 + 0.9) / 3) and pb[0] == pytest.approx((2 * 0.5 + 1) / 3)
 
 
@@ -250,7 +258,7 @@ def test_ranks_may_disagree_on_confidence_but_rank_zero_drives_forecasts():
     s.complete_packed_round(2, [CompletionRecord(l.handle, l.epoch, 0, (9,), offered=2) for l in p.lanes],
                             ExecutionTiming((MS,)), [rank0, rank1])
     for h in hs:
-        forecast = s.requests[h].speculation.forecast.means
+        forecast = s.requests.speculation.forecast.means[s.requests.row(h)]
         assert forecast[0] > 0.6  # moved toward rank 0's 0.9, not rank 1's 0.1
 
 
@@ -265,8 +273,8 @@ def test_malformed_survival_rows_are_rejected():
             s.complete_with_survival(2, recs, ExecutionTiming((MS,)), {p.lanes[0].handle: rows})
         assert digest(s) == before
     s.complete_with_survival(2, recs, ExecutionTiming((MS,)), {p.lanes[0].handle: [0.7, 0.4]})
-    est = s.requests[p.lanes[0].handle].speculation.acceptance[ProposalSource.LEARNED]
-    assert est.means[0] == pytest.approx((2 * 0.5 + 0.7) / 3)
+    est = own(s.requests.speculation, ProposalSource.LEARNED, s.requests.row(p.lanes[0].handle))
+    assert est[0] == pytest.approx((2 * 0.5 + 0.7) / 3)
 
 
 def test_queued_lane_advances_at_most_min_ceiling_and_p():
@@ -315,4 +323,4 @@ def test_copy_proposals_contribute_no_learned_draws():
     # A copy proposer may supply a shorter prefix than the ceiling: offered bounds it.
     s.complete(2, [CompletionRecord(l.handle, l.epoch, 0, (9,), offered=1) for l in p.lanes], ExecutionTiming((MS,)))
     assert s.stats.speculative_learned_draws == 0 and s.stats.speculative_offered == 4
-    assert ProposalSource.COPY in s.requests[hs[0]].speculation.acceptance
+    assert s.requests.speculation.acceptance[ProposalSource.COPY].has[s.requests.row(hs[0])]

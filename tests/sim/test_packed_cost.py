@@ -6,8 +6,9 @@ import pytest
 
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
-from helios.graphs import GraphKind, GraphShape, ordinary_catalog
-from helios.scheduler.plan import Lane, ScheduledPlan, SelectionReason
+from helios.graphs import GraphKind, GraphShape
+from helios.prepare import ordinary_catalog
+from helios.scheduler.plan import Lane, PlanLanes, ScheduledPlan, SelectionReason
 from helios.sim.costmodel import SyntheticCostModel, VidurCostModel
 
 PROFILE = "a100-34b-tp2"
@@ -52,7 +53,7 @@ def test_synthetic_packed_matches_its_graph_formulas():
 
 
 def _packed_plan(chunks, contexts) -> ScheduledPlan:
-    lanes = tuple(Lane(h, 0, 0, h, 0, c, k, 1, 1.0, 1.0, 0.0) for h, (c, k) in enumerate(zip(chunks, contexts)))
+    lanes = PlanLanes.of([Lane(h, 0, 0, h, 0, c, k, 1, 1.0, 1.0, 0.0) for h, (c, k) in enumerate(zip(chunks, contexts))])
     return ScheduledPlan(GraphShape(GraphKind.PACKED, 64, 2048), lanes, None, 0.0, 0.0, SelectionReason.ORDINARY,
                          True, False, 0, 0, ())
 

@@ -1,0 +1,234 @@
+"""Completion: validation of every lane before any mutation, then cost learning, service
+accounting and progress, vectorized over the frame's lanes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import chain
+
+import numpy as np
+
+from helios.errors import InvalidCompletion
+from helios.graphs import GraphKind
+from helios.scheduler.accounting import account_interval
+from helios.scheduler.plan import CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason
+from helios.scheduler.queue import ExecutionQueue, Frame
+from helios.scheduler.requests import DONE, RequestTable
+
+
+@dataclass(slots=True)
+class ExecutionStats:
+    """flare_scheduler_execution_nanoseconds_total / _executions_total by execution class."""
+
+    nanoseconds: dict = field(default_factory=lambda: {r: 0 for r in SelectionReason})
+    executions: dict = field(default_factory=lambda: {r: 0 for r in SelectionReason})
+    by_shape: dict = field(default_factory=dict)  # GraphShape -> executions
+    # flare_speculative_*: complete programs, not separate proposal and target calls.
+    speculative_programs: int = 0
+    speculative_offered: int = 0  # draft positions verified
+    speculative_accepted: int = 0
+    speculative_emitted: int = 0  # committed tokens, bonus/replacement included
+    speculative_learned_draws: int = 0  # learned proposals only; copy proposals draw nothing
+
+    def record(self, frame: Frame, raw_ns: int | None) -> None:
+        self.executions[frame.reason] += 1
+        self.nanoseconds[frame.reason] += raw_ns or 0
+        shape = frame.plan.shape
+        self.by_shape[shape] = self.by_shape.get(shape, 0) + 1
+
+
+@dataclass(slots=True)
+class Checked:
+    """A validated completion: the frame and its records as lane-aligned columns."""
+
+    frame: Frame
+    records: list
+    token_counts: np.ndarray
+    eos: np.ndarray
+    plain_ints: bool  # every token is a Python int: records' tuples can be handed on as they are
+
+
+def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, records, timing,
+                        confidence=None, survival=None, sidecar_shape=None) -> Checked:
+    head = queue.head()
+    if head is None or fence != head.fence:
+        if fence in queue.fences():
+            raise InvalidCompletion(f"fence {fence} completed out of order (oldest is {head.fence})")
+        raise InvalidCompletion(f"fence {fence!r} is not in flight (unknown or already completed)")
+    if not isinstance(timing, ExecutionTiming):
+        raise InvalidCompletion("timing must be an ExecutionTiming")
+    problem = timing.validate()
+    if problem:
+        raise InvalidCompletion(problem)
+    lanes = head.plan.lanes
+    if not isinstance(records, (list, tuple)) or len(records) != len(lanes):
+        raise InvalidCompletion(f"fence {fence} has {len(lanes)} lanes; got {len(records) if isinstance(records, (list, tuple)) else records!r}")
+    speculative = head.plan.shape.kind is GraphKind.SPECULATIVE
+    live = table.phase[head.rows] != DONE
+    records = list(records)
+    fast = {type(r) for r in records} <= {CompletionRecord}
+    if fast:
+        tokens = [r.tokens for r in records]
+        fast = ({type(t) for t in tokens} <= {tuple}
+                and [r.handle for r in records] == lanes.handle.tolist()
+                and [r.epoch for r in records] == lanes.epoch.tolist()
+                and [r.prompt_tokens for r in records] == lanes.prompt_tokens.tolist())
+    plain = False
+    if fast:
+        flat = list(chain.from_iterable(tokens))
+        plain = {type(t) for t in flat} <= {int} and (not flat or min(flat) >= 0)
+        counts = np.fromiter(map(len, tokens), np.int64, len(tokens))
+        eos = np.fromiter((r.eos for r in records), bool, len(records))
+        rows = lanes.output_rows
+        fast = plain and not np.any(eos & (counts == 0)) and (
+            speculative or not np.any((counts > rows) | (live & (counts != rows))))
+    if not fast:
+        _first_problem(lanes, records, live, speculative)  # raises, unless only the types differ
+        counts = np.fromiter((len(r.tokens) for r in records), np.int64, len(records))
+        eos = np.fromiter((r.eos for r in records), bool, len(records))
+    if speculative:
+        for lane, rec, is_live in zip(lanes, records, live.tolist()):
+            _validate_round(head.plan, lane, rec, is_live, survival)
+    if head.plan.device_allocation:
+        if confidence is None:
+            raise InvalidCompletion("a device-allocated speculative round completes through complete_packed_round")
+        used = sum(_offered(l, r) + 1 for l, r in zip(lanes, records))
+        if used > head.plan.shape.target_capacity:
+            raise InvalidCompletion(f"allocated {used} target rows; the program has {head.plan.shape.target_capacity}")
+    if confidence is not None:
+        _validate_sidecars(confidence, sidecar_shape)
+    if survival is not None and head.plan.shape.kind is not GraphKind.SPECULATIVE:
+        raise InvalidCompletion("survival rows belong to speculative rounds")
+    return Checked(head, records, counts, eos, plain)
+
+
+def _first_problem(lanes, records, live, speculative) -> None:
+    """The lane-by-lane checks, in order, for the first bad record's message."""
+    for lane, rec, is_live in zip(lanes, records, live.tolist()):
+        if type(rec) is not CompletionRecord:
+            raise InvalidCompletion(f"not a CompletionRecord: {rec!r}")
+        if rec.handle != lane.handle or rec.epoch != lane.epoch:
+            raise InvalidCompletion(f"record for request {rec.handle} epoch {rec.epoch} does not match "
+                                    f"lane {lane.handle} epoch {lane.epoch}")
+        if rec.prompt_tokens != lane.prompt_tokens:
+            raise InvalidCompletion(f"request {rec.handle}: consumed {rec.prompt_tokens} prompt tokens, "
+                                    f"scheduled {lane.prompt_tokens}")
+        if type(rec.tokens) is not tuple or not _token_ids(rec.tokens):
+            raise InvalidCompletion(f"request {rec.handle}: tokens must be a tuple of nonnegative ints")
+        if not speculative and (len(rec.tokens) > lane.output_rows or (is_live and len(rec.tokens) != lane.output_rows)):
+            raise InvalidCompletion(f"request {rec.handle}: {len(rec.tokens)} tokens for "
+                                    f"{lane.output_rows} output rows")
+        if rec.eos and not rec.tokens:
+            raise InvalidCompletion(f"request {rec.handle}: eos without a token")
+
+
+def _token_ids(tokens: tuple) -> bool:
+    return all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and t >= 0 for t in tokens)
+
+
+def _offered(lane, rec) -> int:
+    return lane.output_rows - 1 if rec.offered is None else rec.offered
+
+
+def _validate_round(plan, lane, rec, live, survival) -> None:
+    offered = _offered(lane, rec)
+    if not isinstance(offered, int) or not 0 <= offered <= lane.output_rows - 1:
+        raise InvalidCompletion(f"request {rec.handle}: offered {rec.offered!r} outside 0..{lane.output_rows - 1}")
+    if len(rec.tokens) > offered + 1 or (live and not rec.tokens):
+        raise InvalidCompletion(f"request {rec.handle}: {len(rec.tokens)} tokens for {offered} verified proposals")
+    rows = None if survival is None else survival.get(rec.handle)
+    if rows is not None:
+        arr = np.asarray(rows, dtype=float)
+        if arr.ndim != 1 or len(arr) > offered or not np.all(np.isfinite(arr)) or np.any(arr < 0) \
+                or np.any(arr > 1) or np.any(np.diff(arr) > 1e-6):
+            raise InvalidCompletion(f"request {rec.handle}: survival rows must be nonincreasing "
+                                    f"probabilities for at most {offered} evaluated prefixes")
+
+
+def _validate_sidecars(confidence, shape) -> None:
+    sidecars = confidence if isinstance(confidence, (list, tuple)) else [confidence]
+    if not sidecars:
+        raise InvalidCompletion("a packed round needs rank 0's confidence sidecar")
+    for rank, sc in enumerate(sidecars):
+        if not isinstance(sc, np.ndarray) or sc.dtype != np.float32 or sc.shape != shape:
+            raise InvalidCompletion(f"rank {rank} confidence must be float32 of shape {shape}")
+        if not np.all(np.isfinite(sc)) or np.any(sc < 0) or np.any(sc > 1):
+            raise InvalidCompletion(f"rank {rank} confidence holds values outside [0, 1]")
+
+
+def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
+                     confidence=None, survival=None) -> list[GeneratedToken]:
+    frame, records, counts = checked.frame, checked.records, checked.token_counts
+    now, t = sched.now_ns, sched.requests
+    plan, shape = frame.plan, frame.plan.shape
+    lanes, rows = plan.lanes, frame.rows
+    sched.costs.observe(shape, timing.cost_sample_ns(), now)
+    raw = timing.device_interval_ns()
+    if frame.isolated and timing.wall_ns:
+        raw = max(raw or 0, timing.wall_ns)
+    sched.stats.record(frame, raw)
+    speculative = shape.kind is GraphKind.SPECULATIVE
+    if speculative:
+        sched.stats.speculative_programs += 1
+    # Each successful frame with a positive device interval is one measured interval.
+    if timing.device_interval_ns() is not None:
+        account_interval(t, frame, lanes.prompt_tokens + counts, counts, raw / 1e6, sched.policy.adaptation_ms)
+    t.queued_prompt[rows] -= lanes.prompt_tokens
+    t.queued_output[rows] -= lanes.output_rows
+    t.inflight[rows] -= 1
+    t.version[rows] += 1
+    # Cancelled or already finished lanes: their results are discarded.
+    act = (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
+    r = rows[act]
+    n = counts[act]
+    first = (t.output_done[r] == 0) & (n > 0)
+    t.prompt_done[r] += lanes.prompt_tokens[act]
+    t.output_done[r] += n
+    provisional = r[(n > 0) & ~t.has_publication[r]]  # provisional until the runtime publishes
+    t.last_publication_ns[provisional] = now
+    t.has_publication[provisional] = True
+    eos = checked.eos[act]
+    length = t.output_done[r] >= t.max_output[r]
+    context = t.prompt_done[r] + t.output_done[r] >= sched.config.max_context
+    finishing = eos | length | context
+    finished = np.flatnonzero(finishing).tolist()
+    for i in finished:
+        reason = FinishReason.EOS if eos[i] else FinishReason.LENGTH if length[i] else FinishReason.CONTEXT
+        t.set_finish(int(r[i]), reason)
+    if finished or lanes.prompt_tokens.any():  # only a finish or prompt progress moves a phase
+        t.update_phase(r)
+    lane_index = np.flatnonzero(act)
+    if speculative:
+        for i, row in zip(lane_index.tolist(), r.tolist()):
+            _learn_round(sched, frame, lanes[i], records[i], row, confidence, survival)
+    fence, handles, out = frame.fence, t.handle, []
+    emit = np.flatnonzero((n > 0) | finishing).tolist()
+    if emit:
+        finish, firsts, plain = t.finish, first.tolist(), checked.plain_ints
+        for i, j, row in zip(emit, lane_index[emit].tolist(), r[emit].tolist()):
+            tokens = records[j].tokens
+            out.append(GeneratedToken(int(handles[row]), fence, tokens if plain else tuple(map(int, tokens)),
+                                      finish[row], firsts[i]))
+    return out
+
+
+def _learn_round(sched, frame, lane, rec, row: int, confidence, survival) -> None:
+    t = sched.requests
+    offered = _offered(lane, rec)
+    accepted = max(0, len(rec.tokens) - 1)
+    stats = sched.stats
+    stats.speculative_offered += offered
+    stats.speculative_accepted += accepted
+    stats.speculative_emitted += len(rec.tokens)
+    if sched.source.value == "learned":
+        stats.speculative_learned_draws += frame.plan.shape.proposal_depth
+    generated = int(t.output_done[row])
+    rows = None if survival is None else survival.get(rec.handle)
+    sched.speculation.observe_round(t.speculation, row, sched.source, generated, accepted, offered,
+                                    censored=t.finish[row] is not None,
+                                    survival=None if rows is None else np.asarray(rows, dtype=float))
+    if confidence is not None and lane.slot is not None:
+        rank0 = confidence[0] if isinstance(confidence, (list, tuple)) else confidence
+        # Forecast observations stop at the lane's frozen min(D + 1, W) ceiling.
+        depth = min(frame.plan.shape.proposal_depth, lane.output_rows - 1)
+        sched.speculation.observe_confidence(t.speculation, row, generated, rank0[1, lane.slot, :depth].astype(float))

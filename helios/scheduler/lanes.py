@@ -1,0 +1,77 @@
+"""Lane building and the plan's feedback rule, shared by Helios and every baseline.
+
+A selector (Helios's value-rate selection or a baseline's) picks a shape and table rows; the
+plan's lane columns are then read off the request table here, in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import numpy as np
+
+from helios.graphs import GraphKind, GraphShape
+from helios.scheduler.cost import CostState
+from helios.scheduler.plan import PlanLanes
+from helios.scheduler.requests import RequestTable
+
+
+def _common(t: RequestTable, rows: np.ndarray) -> dict:
+    cursor = t.prompt_done[rows] + t.queued_prompt[rows]
+    return dict(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
+                prompt_start=cursor, context_tokens=cursor + t.output_done[rows] + t.queued_output[rows])
+
+
+def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = None) -> PlanLanes:
+    """One output row per lane; `values` are the scaled lane values (zero for baselines)."""
+    n = len(rows)
+    ones = np.ones(n, dtype=np.int64)
+    # A host-feedback request with a fence in flight needs that fence's result first.
+    return PlanLanes(**_common(t, rows), prompt_tokens=np.zeros(n, dtype=np.int64), output_rows=ones,
+                     expected_tokens=np.ones(n), expected_deliveries=np.ones(n),
+                     value=np.zeros(n) if values is None else values,
+                     needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=ones)
+
+
+def prefill_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanLanes:
+    """`works` prompt tokens per lane. A finishing chunk commits its prompt and can publish one
+    first output token."""
+    n = len(rows)
+    works = np.asarray(works, dtype=np.int64)
+    finishes = (works == t.prompt_left(rows)).astype(np.int64)
+    return PlanLanes(**_common(t, rows), prompt_tokens=works, output_rows=finishes,
+                     expected_tokens=(works + finishes).astype(float), expected_deliveries=np.zeros(n),
+                     value=np.zeros(n), needs_feedback=np.zeros(n, dtype=bool),
+                     predicted_rows=np.ones(n, dtype=np.int64))
+
+
+def speculative_lanes(t: RequestTable, rows: np.ndarray, bounds: np.ndarray, expected: np.ndarray,
+                      values: np.ndarray, predicted: np.ndarray) -> PlanLanes:
+    """A queued lane can advance by at most `bounds` = min(ceiling, P) tokens."""
+    n = len(rows)
+    return PlanLanes(**_common(t, rows), prompt_tokens=np.zeros(n, dtype=np.int64), output_rows=bounds,
+                     expected_tokens=expected, expected_deliveries=np.ones(n), value=values,
+                     needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=predicted)
+
+
+def packed_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanLanes:
+    """A packed varlen forward (GraphKind.PACKED): a decode lane where `works` is 0, a prompt chunk
+    of `works` tokens elsewhere, in the given order."""
+    works = np.asarray(works, dtype=np.int64)
+    decode, prefill, is_decode = decode_lanes(t, rows), prefill_lanes(t, rows, works), works == 0
+    return PlanLanes(**{f.name: np.where(is_decode, getattr(decode, f.name), getattr(prefill, f.name))
+                        for f in fields(PlanLanes)})
+
+
+def ordinary_lanes(t: RequestTable, shape: GraphShape, rows: np.ndarray, works: np.ndarray) -> PlanLanes:
+    """Unpriced lanes for a baseline's (shape, rows, prompt tokens) choice."""
+    rows = np.asarray(rows, dtype=np.int64)
+    if shape.kind is GraphKind.PACKED:
+        return packed_lanes(t, rows, works)
+    return prefill_lanes(t, rows, works) if shape.kind.is_prefill else decode_lanes(t, rows)
+
+
+def requires_feedback(shape: GraphShape, state: CostState, lanes: PlanLanes) -> bool:
+    """A plan needs an empty window when its graph cannot queue, its cost is not fresh, or a
+    lane needs host feedback."""
+    return not shape.kind.queueable or state is not CostState.FRESH or bool(lanes.needs_feedback.any())
