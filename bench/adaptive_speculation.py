@@ -39,8 +39,7 @@ def run(concurrency, widths, mode, seed, output=256, policy="balanced"):
     model = SyntheticCostModel.realistic_small()
     config = SchedulerConfig(kv_pages=1 << 16, speculation=mode)
     s = Scheduler(cat, preset(policy), config)
-    for shape in cat:
-        s.costs.observe(shape, model.duration_ns(shape, [64]), 0)
+    s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
     core = SimCore(cat, model, seed=seed, noise=0.03, acceptance=AcceptanceModel(seed=seed))
     sim = Simulation(s, core)
     sim.add(Arrival(0, RequestSpec(64, output)) for _ in range(concurrency))

@@ -78,12 +78,11 @@ def helios(loaded, workload, tokens, concurrency):
                      max_context=MAX_CONTEXT)
     scheduler = Scheduler(core.catalog, PolicyConfig(), core.scheduler_config())
     driver = SyncDriver(scheduler, core)
-    for shape, ns in core.warmup().items():
-        scheduler.costs.observe(shape, ns, driver.now())
+    scheduler.seed_costs({shape: [ns] for shape, ns in core.warmup().items()}, driver.now())
     queue, handles = list(workload), []
     start = time.monotonic_ns()
-    while queue or scheduler.requests:
-        while queue and len(scheduler.requests) < concurrency:
+    while queue or scheduler.snapshot().live:
+        while queue and scheduler.snapshot().live < concurrency:
             handles.append(driver.submit(queue.pop(0), tokens))
         driver.step()
     elapsed = (time.monotonic_ns() - start) / 1e9
