@@ -90,7 +90,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--loads", type=_csv(float), help="nominal loads, e.g. 0.2,0.4,0.6")
     report.add_argument("--seed", type=int, default=0)
     report.add_argument("--cost-model", default="h100-70b",
-                        help="h100-70b, a100-70b-tp2, h100-7b or realistic-small")
+                        help="h100-70b, a100-70b-tp2 (a 70B estimate), a100-34b-tp2, h100-7b or realistic-small")
     report.add_argument("--jobs", type=positive_int,
                         help="worker processes (default: 2, or 1 on a 1-CPU machine); results do not change")
     report.add_argument("--quick", action="store_true", help="a tiny smoke configuration")

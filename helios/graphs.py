@@ -22,6 +22,10 @@ class GraphKind(Enum):
     VISION = "vision"
     SNAPSHOT = "snapshot"
     RESTORE = "restore"
+    # Not a prepared graph: one varlen forward over the real packed tokens of several requests (decodes
+    # and prompt chunks together), as vLLM and Sarathi-Serve run an iteration. Never in a prepared
+    # catalog; only an engine that can run such a forward (SimCore) executes it.
+    PACKED = "packed"
 
     @property
     def produces_tokens(self) -> bool:
@@ -38,7 +42,8 @@ class GraphKind(Enum):
 
 
 _TOKEN_KINDS = frozenset(
-    {GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED}
+    {GraphKind.PREFILL, GraphKind.SCORED_PREFILL, GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED,
+     GraphKind.PACKED}
 )
 
 
@@ -52,6 +57,9 @@ class GraphShape:
     proposal_depth   D: captured proposal depth (speculative; 0 elsewhere)
     target_capacity  P: aggregate target rows; rectangular programs have P = B x W
     prefill_capacity prompt tokens of a mixed graph; zero for every other family
+
+    A packed forward (kind PACKED) has no physical shape: B is its sequence limit (max_num_seqs) and W
+    its token budget (max_num_batched_tokens); its lanes say what it really runs.
 
     The active row count is deliberately absent: it never changes the identity.
     """
@@ -110,6 +118,8 @@ class GraphShape:
                     f"W={self.token_capacity},P={self.target_capacity}]")
         if self.kind is GraphKind.MIXED:
             return f"{k}[B={self.batch_capacity},W={self.token_capacity},C={self.prefill_capacity}]"
+        if self.kind is GraphKind.PACKED:
+            return f"{k}[seqs<={self.batch_capacity},tokens<={self.token_capacity}]"
         return f"{k}[B={self.batch_capacity}]"
 
 

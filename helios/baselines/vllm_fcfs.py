@@ -13,25 +13,26 @@ PagedAttention", SOSP 2023. Code: github.com/vllm-project/vllm, `vllm/v1/core/sc
   queue head blocks everything behind it, so service starts in arrival order.
 - `max_num_seqs` may not exceed `max_num_batched_tokens` (V1 checks this at start-up); here it
   is the largest captured decode bucket, capped by the request slots and the budget.
-- Graphs are padded to captured sizes: decode to the smallest power-of-two bucket, prefill to
-  the smallest catalog capacity that holds the chunk (`common.py`).
+- The step's batch is fixed when it starts (one `SchedulerOutput` per step): decodes and
+  prefill chunks are chosen together, and the whole batch runs as one varlen forward over its
+  real packed tokens. Only a decode-only batch is padded, to a captured CUDA-graph size (here the
+  smallest captured decode graph). How many prompts a step takes is limited by the budget and
+  `max_num_seqs` alone, never by prepared prefill shapes (`iteration.IterationScheduler`,
+  `packed=True`, as the simulator runs it).
 
-Mapping onto separate graphs (no mixed graphs yet; `common.IterationScheduler`): one vLLM
-step is its decode graph (all running decodes, 1 token each, taken from the budget first),
-followed by one prefill graph of the chunks that fit the remaining budget: partially
-prefilled running requests first, then waiting ones, in arrival order. Decode-first matches
-V0's chunked-prefill policy and the design brief; V1 walks its running list in admission
-order, which differs only when an earlier request is still prefilling. vLLM executes one
-step at a time (async scheduling off, the default), so one frame is in flight.
+Decode-first matches V0's chunked-prefill policy and the design brief; V1 walks its running list
+in admission order, which differs only when an earlier request is still prefilling. vLLM executes
+one step at a time (async scheduling off, the default), so one frame is in flight.
 
 Differences from vLLM, forced by the protocol: KV pages are reserved for the request's whole
-extent at its first chunk (so there is no recompute preemption), and the step's duration is
-the sum of its two graphs rather than one mixed forward.
+extent at its first chunk (so there is no recompute preemption). On an engine with prepared
+graphs only (`packed=False`, the torch core) a step runs as its decode graph followed by one
+prefill graph of the chunks chosen with it, each cut to the catalog's prefill capacities.
 """
 
 from __future__ import annotations
 
-from helios.baselines.common import IterationScheduler
+from helios.baselines.iteration import IterationScheduler
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.graphs import Catalog
 
@@ -42,9 +43,9 @@ class VllmFcfsScheduler(IterationScheduler):
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, *, max_num_batched_tokens: int | None = None,
-                 token_budget: int | None = None):
+                 token_budget: int | None = None, packed: bool = False):
         budget = max_num_batched_tokens if max_num_batched_tokens is not None else token_budget
-        super().__init__(catalog, policy, config, token_budget=budget)
+        super().__init__(catalog, policy, config, token_budget=budget, packed=packed)
         # V1 requires max_num_batched_tokens >= max_num_seqs: every running decode fits a step.
         self.max_running = min(self.max_running, self.token_budget)
 

@@ -25,6 +25,14 @@ class CostModel(Protocol):
     def duration_ns(self, shape: GraphShape, context_lens: Sequence[int]) -> int: ...
 
 
+@runtime_checkable
+class PackedCostModel(CostModel, Protocol):
+    """A cost model that can also price one packed varlen forward (GraphKind.PACKED): row i runs
+    chunks[i] prompt tokens (0: one decode query) over context_lens[i] cached tokens."""
+
+    def packed_duration_ns(self, chunks: Sequence[int], context_lens: Sequence[int]) -> int: ...
+
+
 class Core(Protocol):
     catalog: Catalog
 

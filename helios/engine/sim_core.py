@@ -1,4 +1,7 @@
-"""SimCore: a deterministic, seeded engine that executes plans against a cost model."""
+"""SimCore: a deterministic, seeded engine that executes plans against a cost model.
+
+Besides the prepared catalog it runs packed varlen forwards (GraphKind.PACKED), the way the baseline
+engines (vLLM, Sarathi-Serve) run an iteration, when the cost model can price them."""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ from typing import Sequence
 
 import numpy as np
 
-from helios.engine.core import CostModel, Execution
-from helios.errors import HeliosError
+from helios.engine.core import CostModel, Execution, PackedCostModel
+from helios.errors import ConfigError, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
 from helios.scheduler.rounds import device_allocate
@@ -78,7 +81,14 @@ class SimCore:
         self._requests.pop(handle, None)
 
     def true_duration_ns(self, plan: ScheduledPlan) -> int:
-        base = self.cost_model.duration_ns(plan.shape, [lane.context_tokens for lane in plan.lanes])
+        contexts = plan.lanes.context_tokens.tolist()
+        if plan.shape.kind is GraphKind.PACKED:
+            # A varlen forward has no physical shape: its lanes are the work (prompt chunks, decodes).
+            if not isinstance(self.cost_model, PackedCostModel):
+                raise ConfigError("cost_model", "this cost model cannot price a packed forward")
+            base = self.cost_model.packed_duration_ns(plan.lanes.prompt_tokens.tolist(), contexts)
+        else:
+            base = self.cost_model.duration_ns(plan.shape, contexts)
         factor = 1.0 + self.noise * float(self._rng.standard_normal()) if self.noise else 1.0
         return max(1, int(base * max(0.2, factor)))
 

@@ -6,9 +6,11 @@ plan's lane columns are then read off the request table here, in one place.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 
-from helios.graphs import GraphShape
+from helios.graphs import GraphKind, GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.plan import PlanLanes
 from helios.scheduler.requests import RequestTable
@@ -67,9 +69,20 @@ def speculative_lanes(t: RequestTable, rows: np.ndarray, bounds: np.ndarray, exp
                      needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=predicted)
 
 
+def packed_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanLanes:
+    """A packed varlen forward (GraphKind.PACKED): a decode lane where `works` is 0, a prompt chunk
+    of `works` tokens elsewhere, in the given order."""
+    works = np.asarray(works, dtype=np.int64)
+    decode, prefill, is_decode = decode_lanes(t, rows), prefill_lanes(t, rows, works), works == 0
+    return PlanLanes(**{f.name: np.where(is_decode, getattr(decode, f.name), getattr(prefill, f.name))
+                        for f in fields(PlanLanes)})
+
+
 def ordinary_lanes(t: RequestTable, shape: GraphShape, rows: np.ndarray, works: np.ndarray) -> PlanLanes:
     """Unpriced lanes for a baseline's (shape, rows, prompt tokens) choice."""
     rows = np.asarray(rows, dtype=np.int64)
+    if shape.kind is GraphKind.PACKED:
+        return packed_lanes(t, rows, works)
     return prefill_lanes(t, rows, works) if shape.kind.is_prefill else decode_lanes(t, rows)
 
 

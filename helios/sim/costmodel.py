@@ -42,12 +42,26 @@ class VidurProfile:
     decode_kv_scale: float  # KV heads per GPU / 4: multiplies the KV-dependent part of decode attention
     splitwise_hardware: str | None  # Splitwise rows (llama2-70b, this TP) that fit overhead and comm terms
     default_overhead_ms: float = 0.0  # used only when there are no Splitwise rows to fit
+    mlp_scale: float = 1.0  # multiplies the MLP operators: the model's intermediate size / the profiled one
+    terms_from: str | None = None  # a profile whose fitted overhead and comm terms this one borrows
 
+
+# The A100 "70b-shape" MLP file is CodeLlama-34B's MLP (n_expanded_embd 22016; 48 layers), not Llama-2-70B's
+# (28672; 80 layers); its attention shape (hidden 8192, 64 q / 8 kv heads) fits both models.
+CODELLAMA_34B_INTERMEDIATE = 22016
+LLAMA2_70B_INTERMEDIATE = 28672
 
 PROFILES = {
-    # Llama-2-70B shape (64 q / 8 kv heads, hidden 8192, 80 layers); the matched A100 attention+mlp set.
+    # CodeLlama-34B on two A100s, the matched Vidur attention+mlp set as measured. No end-to-end figures
+    # exist for it: it borrows the A100 TP2 terms fitted for the 70B estimate below (same hidden size and
+    # GPUs, so the same all-reduce bytes per token and layer; the LM head and sampler are alike too).
+    "a100-34b-tp2": VidurProfile("a100-34b-tp2", "vidur_a100_llama2-70b-shape_tp2_mlp.csv", 2, 48, 1.0, 1.0,
+                                 None, terms_from="a100-70b-tp2"),
+    # A Llama-2-70B estimate on two A100s: the same files with the MLP operators scaled by the intermediate
+    # sizes 28672 / 22016 (the GEMMs' work and weight bytes grow in proportion), 80 layers; fitted to
+    # Splitwise's A100 TP2 Llama-2-70B figures.
     "a100-70b-tp2": VidurProfile("a100-70b-tp2", "vidur_a100_llama2-70b-shape_tp2_mlp.csv", 2, 80, 1.0, 1.0,
-                                 "a100-80gb"),
+                                 "a100-80gb", mlp_scale=LLAMA2_70B_INTERMEDIATE / CODELLAMA_34B_INTERMEDIATE),
     "h100-70b": VidurProfile("h100-70b", "vidur_h100_llama2-70b_mlp.csv", 2, 80, H100_OVER_A100_ATTENTION,
                              1.0, "h100-80gb"),
     # Llama-2-7B on one H100: 32 q heads per GPU as in the 70B TP2 profile, but 32 KV heads instead of 4,
@@ -106,10 +120,15 @@ class VidurCostModel:
             raise ConfigError("profile", f"unknown profile {profile!r}; known: {sorted(PROFILES)}")
         p = PROFILES[profile]
         linear, decode, prefill = _tables(str(_path(p.mlp_file, data_dir)), p.tp,
-                                          str(_path(ATTENTION_FILE, data_dir)))
+                                          str(_path(ATTENTION_FILE, data_dir)), p.mlp_scale)
         base = cls(p, linear, decode, prefill, overhead_ms=0.0, comm_ms_per_token_layer=0.0)
         if overhead_ms is not None and comm_us_per_token_layer is not None:
             return base.with_terms(overhead_ms, comm_us_per_token_layer / 1000.0)
+        if p.terms_from is not None:
+            lender = cls.from_data(p.terms_from, data_dir)
+            return base.with_terms(lender.overhead_ms if overhead_ms is None else overhead_ms,
+                                   lender.comm_ms_per_token_layer if comm_us_per_token_layer is None
+                                   else comm_us_per_token_layer / 1000.0)
         if p.splitwise_hardware is None:
             return base.with_terms(p.default_overhead_ms if overhead_ms is None else overhead_ms,
                                    (comm_us_per_token_layer or 0.0) / 1000.0)
@@ -170,6 +189,36 @@ class VidurCostModel:
         return int(round(total * NS_PER_MS))
 
 
+    def packed_breakdown_ms(self, chunks: Sequence[int], context_lens: Sequence[int]) -> dict[str, float]:
+        """One varlen forward (vLLM, Sarathi-Serve): row i runs chunks[i] prompt tokens over context_lens[i]
+        cached ones, or one decode query when chunks[i] is 0. The linear layers run once on the real
+        packed tokens (no padding, one weight pass), prefill attention per chunk over its own context,
+        decode attention over the decode rows (batch size and mean KV), one per-forward overhead."""
+        n = sum(c if c > 0 else 1 for c in chunks)
+        decode_kv = [k for c, k in zip(chunks, context_lens) if c <= 0]
+        prefill = [(c, k) for c, k in zip(chunks, context_lens) if c > 0]
+        attention = 0.0
+        if decode_kv:
+            attention += self.decode_attention_ms(len(decode_kv), sum(decode_kv) / len(decode_kv))
+        # Varlen attention runs each request's chunk over its own KV: per chunk, as Vidur 0.0.26 prices it.
+        attention += sum(self.prefill_attention_ms([c], [k]) for c, k in prefill)
+        layers = self.profile.layers
+        return {"overhead": self.overhead_ms, "embedding": self.linear.emb_ms(n),
+                "linear": layers * self.linear.layer_ms(n), "comm": layers * self.comm_ms_per_token_layer * n,
+                "attention": layers * attention}
+
+    def packed_duration_ns(self, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
+        """Time of one packed varlen forward (see `packed_breakdown_ms`)."""
+        _check_packed(chunks, context_lens)
+        return int(round(sum(self.packed_breakdown_ms(chunks, context_lens).values()) * NS_PER_MS))
+
+
+def _check_packed(chunks: Sequence[int], context_lens: Sequence[int]) -> None:
+    if len(chunks) != len(context_lens) or not chunks:
+        raise ConfigError("chunks", f"a packed forward needs one chunk per row, got {len(chunks)} for "
+                          f"{len(context_lens)} rows")
+
+
 def _verify_query_cost(decode: DecodeAttentionTable, prefill: PrefillAttentionTable) -> float:
     """Relative cost of one more query position per row, from a 64-query vs a 1-query row at batch 1."""
     c = prefill.chunks[0]
@@ -179,10 +228,15 @@ def _verify_query_cost(decode: DecodeAttentionTable, prefill: PrefillAttentionTa
 
 
 @functools.lru_cache(maxsize=8)
-def _tables(mlp_path: str, tp: int, attention_path: str
+def _tables(mlp_path: str, tp: int, attention_path: str, mlp_scale: float = 1.0
             ) -> tuple[LinearOpsTable, DecodeAttentionTable, PrefillAttentionTable]:
     # Parsing the 14k-row attention profile takes a noticeable fraction of a second; tables are immutable.
-    return (LinearOpsTable.from_csv(Path(mlp_path), tp), *load_attention(Path(attention_path)))
+    return (LinearOpsTable.from_csv(Path(mlp_path), tp, mlp_scale), *_attention(attention_path))
+
+
+@functools.lru_cache(maxsize=4)
+def _attention(attention_path: str) -> tuple[DecodeAttentionTable, PrefillAttentionTable]:
+    return load_attention(Path(attention_path))
 
 
 def _path(name: str, data_dir: str | Path | None) -> Path:
@@ -262,4 +316,16 @@ class SyntheticCostModel:
         if kind is GraphKind.MIXED and shape.prefill_capacity:
             c = shape.prefill_capacity
             t += self.b_pre * c + self.c_pair * c * (prefill_context + c / 2) / 1e6
+        return int(round(t))
+
+    def packed_duration_ns(self, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
+        """One varlen forward: the decode formula's fixed part once, b_dec per decode row, the prefill
+        terms (b_pre and pairs) per prompt chunk; nothing is padded."""
+        _check_packed(chunks, context_lens)
+        t = self.a_dec
+        for c, k in zip(chunks, context_lens):
+            if c > 0:
+                t += self.b_pre * c + self.c_pair * c * (k + c / 2) / 1e6
+            else:
+                t += self.b_dec + self.c_kv * k / 1000
         return int(round(t))

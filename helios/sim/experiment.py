@@ -32,7 +32,8 @@ SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs"
 # MT-Bench EAGLE curve with per-request variation). Proposal compute is not in the cost model.
 SPEC_WIDTHS = range(1, 6)
 SPEC_TOKEN_CAPACITY = 256
-COST_MODELS = ("h100-70b", "a100-70b-tp2", "h100-7b", "realistic-small")
+PACKED_BASELINES = ("vllm-fcfs", "sarathi")
+COST_MODELS = ("h100-70b", "a100-70b-tp2", "a100-34b-tp2", "h100-7b", "realistic-small")
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,8 @@ def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     if name in ("helios", "helios-balanced", "helios-throughput", "helios-spec"):
         policy = preset("throughput" if name.endswith("throughput") else "balanced")
         return make_scheduler("helios", catalog, policy, config)
-    return make_scheduler(name, catalog, None, config)
+    # vLLM and Sarathi-Serve run each iteration as one packed varlen forward; SimCore can run that.
+    return make_scheduler(name, catalog, None, config, **({"packed": True} if name in PACKED_BASELINES else {}))
 
 
 MOONCAKE_TICK_NS = 3 * NS_PER_S  # the Mooncake trace stamps arrivals on a 3-second tick

@@ -23,6 +23,8 @@ import numpy as np
 # Vidur's mlp.csv). `emb` runs once per forward pass and is kept apart.
 LAYER_OPS = ("input_layernorm", "attn_pre_proj", "attn_rope", "attn_post_proj", "post_attention_layernorm",
              "mlp_up_proj", "mlp_act", "mlp_down_proj", "add")
+# The operators whose work grows with the MLP's intermediate size.
+MLP_OPS = ("mlp_up_proj", "mlp_act", "mlp_down_proj")
 
 
 def isotonic(y: np.ndarray) -> np.ndarray:
@@ -57,7 +59,8 @@ class LinearOpsTable:
     n_embd: int
 
     @classmethod
-    def from_csv(cls, path: Path, tp: int) -> LinearOpsTable:
+    def from_csv(cls, path: Path, tp: int, mlp_scale: float = 1.0) -> LinearOpsTable:
+        """`mlp_scale` multiplies the MLP operators (`MLP_OPS`): another intermediate size, same hidden."""
         sums: dict[int, list[tuple[float, float]]] = defaultdict(list)
         n_embd = 0
         with open(path, newline="") as fh:
@@ -65,7 +68,8 @@ class LinearOpsTable:
                 if int(r["num_tensor_parallel_workers"]) != tp:
                     continue
                 n_embd = int(r["n_embd"])
-                layer = sum(_f(r[f"time_stats.{op}.median"]) for op in LAYER_OPS)
+                layer = sum(_f(r[f"time_stats.{op}.median"]) * (mlp_scale if op in MLP_OPS else 1.0)
+                            for op in LAYER_OPS)
                 sums[int(r["num_tokens"])].append((layer, _f(r["time_stats.emb.median"])))
         if not sums:
             raise ValueError(f"{path.name}: no rows with tensor parallel degree {tp}")
