@@ -9,7 +9,10 @@ as long as the graph keeps losing. So:
 - every graph runs `discard` times unmeasured first;
 - then `rounds` measured rounds visit all graphs, each round in a rotated order. A burst of
   contention therefore lands on different graphs in different rounds instead of on all samples
-  of one graph, and the cost table's median (of nine) drops it;
+  of one graph, and the cost table's median (of nine) drops it. Rounds stop starting after
+  `budget_s` (then only graphs without a sample run once more), and a first run longer than
+  `keep_first_ns` counts as a sample, so a heavily loaded machine starts about as fast as with
+  one run per graph;
 - decode graphs run at a representative KV position (`context`), since attention reads the
   window up to each row's position.
 
@@ -34,10 +37,17 @@ class WarmupConfig:
     discard: int = 1
     rounds: int = 3
     context: int = 256
+    # No new measured round starts past this many seconds (at least one always runs): on a
+    # machine that other processes keep busy, startup stays bounded with fewer samples.
+    budget_s: float = 20.0
+    # A discarded first run this long counts as a sample: first-run costs (kernel selection, page
+    # faults) are tens of ms, so it is near steady state, and a loaded machine skips a rerun.
+    keep_first_ns: int = 1_000_000_000
 
     def __post_init__(self) -> None:
-        if self.discard < 0 or self.rounds < 1 or self.context < 0:
-            raise ConfigError("warmup", f"need discard >= 0, rounds >= 1, context >= 0; got {self}")
+        if self.discard < 0 or self.rounds < 1 or self.context < 0 or self.budget_s < 0:
+            raise ConfigError("warmup", f"need discard >= 0, rounds >= 1, context >= 0, budget_s >= 0; "
+                                        f"got {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,13 +69,20 @@ def measure(core, config: WarmupConfig = WarmupConfig()) -> WarmupReport:
     """Time every prepared graph of `core` (anything with `catalog` and `time_graph`)."""
     start = time.perf_counter()
     shapes = list(core.catalog)
+    samples: dict[GraphShape, list[int]] = {shape: [] for shape in shapes}
     for shape in shapes:
         for _ in range(config.discard):
-            core.time_graph(shape, _context(shape, config))
-    samples: dict[GraphShape, list[int]] = {shape: [] for shape in shapes}
+            ns = core.time_graph(shape, _context(shape, config))
+            if ns > config.keep_first_ns:  # one-off costs are small next to a run this long
+                samples[shape].append(ns)
     for r in range(config.rounds):
         k = r % len(shapes)
-        for shape in shapes[k:] + shapes[:k]:
+        order = shapes[k:] + shapes[:k]
+        if time.perf_counter() - start > config.budget_s:
+            order = [s for s in order if not samples[s]]  # past the budget: one sample each
+            if not order:
+                break
+        for shape in order:
             samples[shape].append(core.time_graph(shape, _context(shape, config)))
     return WarmupReport({s: tuple(v) for s, v in samples.items()}, time.perf_counter() - start)
 
