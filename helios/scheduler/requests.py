@@ -171,6 +171,9 @@ class RequestTable:
         """Rows of live (not done) requests in admission order: every tie-break that falls
         through to position sees the same order as a handle-ordered list."""
         rows = (self.phase != DONE).nonzero()[0]
+        handles = self.handle[rows].tolist()
+        if handles == sorted(handles):  # the usual case: rows were taken in admission order
+            return rows
         return rows[np.argsort(self.handle[rows], kind="stable")]
 
     def prompt_left(self, rows) -> np.ndarray:

@@ -32,6 +32,8 @@ def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
     """
     decay = np.divide(delta_ms, tau_ms)
     log_keep = np.log(-np.expm1(-decay) / delta_ms)  # log((1 - e^(-d/tau)) / d)
+    if type(served) is float and served == 1.0:  # one delivery each (a publication): log 1 = 0
+        return np.logaddexp(np.subtract(log_rate, decay), log_keep)
     served = np.asarray(served, dtype=float)
     log_served = np.full(served.shape, NEG_INF)  # log 0, without a divide-by-zero warning
     np.log(served, out=log_served, where=served > 0)
