@@ -106,8 +106,8 @@ class BaselineScheduler(Scheduler):
         extra = self._on_commit(plan)
         lanes = plan.lanes
         extra.setdefault("scheduler", self.name)
-        extra.setdefault("tokens", int(np.maximum(lanes.prompt_tokens, lanes.output_rows).sum()))
-        extra.setdefault("prompt_tokens", int(lanes.prompt_tokens.sum()))
+        extra.setdefault("tokens", sum(np.maximum(lanes.prompt_tokens, lanes.output_rows).tolist()))
+        extra.setdefault("prompt_tokens", sum(lanes.prompt_tokens.tolist()))
         self.traces[-1].extra.update(extra)
 
     # ---- request views: table rows in arrival order (handles grow with admission) -----

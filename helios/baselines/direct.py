@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from helios.baselines.common import BaselineScheduler
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.errors import ConfigError
@@ -121,7 +123,7 @@ class DirectScheduler(BaselineScheduler):
         now = self.now_ns
         if not self.queue.accepts_more(now):
             return None
-        decoders = bool((self.requests.phase == DECODE).any())
+        decoders = np.count_nonzero(self.requests.phase == DECODE) > 0
         chunk = self.fcfs_prefill(self.prefill_budget) if self._last_decode or not decoders else None
         if chunk is not None:
             # Prefill needs an empty window: wait for the queued rounds to drain.

@@ -83,7 +83,7 @@ class Publications:
         delta = t.pending_delta_ms[rows]
         first = np.isnan(before)
         # The first burst is one delivery over its frame; later ones fold one delivery in.
-        if first.any():
+        if np.count_nonzero(first):
             t.log_z[rows[first]] = -np.log(delta[first])
             later = ~first
             rows, before, delta = rows[later], before[later], delta[later]

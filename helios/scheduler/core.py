@@ -232,14 +232,14 @@ class Scheduler:
             raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
         rows = np.array(found, dtype=np.int64)
         bad = (t.phase[rows] == DONE) | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
-        if bad.any():
+        if np.count_nonzero(bad):
             i = int(np.argmax(bad))
             what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
             raise StalePlan(f"request {lanes.handle[i]} {what}")
         new = t.slot[rows] == NO_SLOT
-        newcomers = rows[new] if new.any() else None
+        newcomers = rows[new] if np.count_nonzero(new) else None
         if newcomers is not None:
-            need = int(self.resources.extent_pages_of(t, newcomers).sum())
+            need = sum(self.resources.extent_pages_of(t, newcomers).tolist())
             if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
                 raise StalePlan("not enough free slots or pages for the plan's new requests")
         # Validated: mutate.

@@ -23,11 +23,12 @@ def _filled(value, dtype):
 
 
 # Constant lane columns as read-only slices of shared arrays (no allocation per plan).
-_CONSTANTS = {(v, np.dtype(d).char): _filled(v, d) for v in (0, 1) for d in (np.int64, np.float64, np.bool_)}
+# Keyed by the scalar type callers pass: no dtype conversion per lookup.
+_CONSTANTS = {(v, d): _filled(v, d) for v in (0, 1) for d in (np.int64, np.float64, np.bool_)}
 
 
 def _const(value, dtype, n: int) -> np.ndarray:
-    arr = _CONSTANTS[(value, np.dtype(dtype).char)]
+    arr = _CONSTANTS[(value, dtype)]
     return arr[:n] if n <= len(arr) else np.full(n, value, dtype=dtype)
 
 
@@ -89,4 +90,4 @@ def ordinary_lanes(t: RequestTable, shape: GraphShape, rows: np.ndarray, works: 
 def requires_feedback(shape: GraphShape, state: CostState, lanes: PlanLanes) -> bool:
     """A plan needs an empty window when its graph cannot queue, its cost is not fresh, or a
     lane needs host feedback."""
-    return not shape.kind.queueable or state is not CostState.FRESH or bool(lanes.needs_feedback.any())
+    return not shape.kind.queueable or state is not CostState.FRESH or np.count_nonzero(lanes.needs_feedback) > 0

@@ -72,18 +72,20 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     lp, lo, ld = log_prices(log_x, log_z, coeff)
     phase = t.phase[rows]
     handles = t.handle[rows]
-    cursor = t.prompt_done[rows] + t.queued_prompt[rows]
+    queued_prompt = t.queued_prompt[rows]
+    cursor = t.prompt_done[rows] + queued_prompt
     produced = t.output_done[rows] + t.queued_output[rows]
     active = phase == DECODE
     # Decoders with output and context left; prompts with unqueued tokens and nothing queued.
     dec = (active & (produced < t.max_output[rows]) & (cursor + produced < max_context)).nonzero()[0]
-    pre = ((phase == PREFILL) & (t.queued_prompt[rows] == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
+    pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
     if len(dec) > max_lanes:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
     if len(pre) > max_lanes:
         pre = pre[np.lexsort((handles[pre], -lp[pre], t.slot[rows[pre]] == NO_SLOT))][:max_lanes]
 
-    scale = shared_log_scale(lo[dec], ld[dec], lp[pre], lo[pre])
+    lo_dec, ld_dec = lo[dec], ld[dec]
+    scale = shared_log_scale(lo_dec, ld_dec, lp[pre], lo[pre])
     s = math.exp(-scale)
     c = policy.decode_age_price
     n_active = int(np.count_nonzero(active))
@@ -98,10 +100,11 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         known = known | has_delivery[dec]
     ages = np.where(known, np.maximum(0, start_ns - ref) / 1e6, 0.0)
     # The scale is the largest of these logs, so no exponent overflows.
-    base = np.exp(lo[dec] - scale) + np.exp(ld[dec] - scale) + c_sigma * ages
+    output_value = np.exp(lo_dec - scale)
+    base = output_value + np.exp(ld_dec - scale) + c_sigma * ages
     decode = LanePool(handles[dec], t.last_served_seq[drows], t.slot[drows], base, age_slope=c_sigma)
     if speculation is not None:
-        _add_speculation(decode, t, drows, np.exp(lo[dec] - scale), speculation, policy, max_context)
+        _add_speculation(decode, t, drows, output_value, speculation, policy, max_context)
 
     prefill: dict[GraphKind, tuple[LanePool, np.ndarray]] = {}
     for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):

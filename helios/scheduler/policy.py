@@ -9,6 +9,7 @@ the value rate with the spec's tie-break order.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from itertools import accumulate
 from operator import neg
 
 import numpy as np
@@ -74,11 +75,11 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
         c.score = c.value
     else:
         c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
-    c.lru = lru if lru is not None else int(pool.lru[c.members].max()) if n else 0
+    c.lru = lru if lru is not None else max(pool.lru[c.members].tolist()) if n else 0
     if c.shape.kind.is_prefill:
-        used = int(c.works.sum())
+        used = sum(c.works.tolist())  # int sums on lists: cheaper than a numpy reduction here
     elif c.rows is not None:
-        used = int(c.rows.sum())
+        used = sum(c.rows.tolist())
     else:
         used = n * c.shape.token_capacity
     c.padding = c.shape.target_capacity - used
@@ -95,7 +96,9 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     if n == 0:
         return []
     order = ranked_lanes(pool.base, pool.lru, pool.slots)
-    sums = prefix_sums(pool.base[order]).tolist()
+    # Running sums on a list: cheaper than three numpy calls at these sizes, and cumsum adds
+    # left to right as accumulate does, so the sums are the same floats.
+    sums = [0.0, *accumulate(pool.base[order].tolist())]
     # Cohorts are prefixes of one order: their most recent service is a running maximum.
     recent = np.maximum.accumulate(pool.lru[order]).tolist()
     works = np.zeros(n, dtype=np.int64)

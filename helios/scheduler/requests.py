@@ -166,14 +166,14 @@ class RequestTable:
     def get(self, handle: RequestHandle) -> RequestRow | None:
         return self[handle] if handle in self.index else None
 
-    def handles(self) -> list[RequestHandle]:
-        return list(self.index)
-
     # ---- vectorized reads --------------------------------------------------------------
     def live_rows(self) -> np.ndarray:
         """Rows of live (not done) requests in admission order: every tie-break that falls
         through to position sees the same order as a handle-ordered list."""
         rows = (self.phase != DONE).nonzero()[0]
+        handles = self.handle[rows].tolist()
+        if handles == sorted(handles):  # the usual case: rows were taken in admission order
+            return rows
         return rows[np.argsort(self.handle[rows], kind="stable")]
 
     def prompt_left(self, rows) -> np.ndarray:
@@ -182,9 +182,6 @@ class RequestTable:
 
     def output_left(self, rows) -> np.ndarray:
         return self.max_output[rows] - self.output_done[rows] - self.queued_output[rows]
-
-    def prompt_cursor(self, rows) -> np.ndarray:
-        return self.prompt_done[rows] + self.queued_prompt[rows]
 
     def context_tokens(self, rows) -> np.ndarray:
         return self.prompt_done[rows] + self.queued_prompt[rows] + self.output_done[rows] + self.queued_output[rows]

@@ -38,13 +38,14 @@ class ResourcePool:
         """Give each row a slot (in row order) and its page extent; all or nothing."""
         rows = np.asarray(rows, dtype=np.int64)
         need = self.extent_pages_of(table, rows)
-        if len(rows) > len(self._free_slots) or int(need.sum()) > self.free_pages:
-            raise ResourceExhausted(f"{len(rows)} requests need {int(need.sum())} pages; "
+        total = sum(need.tolist())
+        if len(rows) > len(self._free_slots) or total > self.free_pages:
+            raise ResourceExhausted(f"{len(rows)} requests need {total} pages; "
                                     f"{len(self._free_slots)} slots and {self.free_pages} pages are free")
         for r, n in zip(rows.tolist(), need.tolist()):
             table.slot[r] = self._free_slots.pop()
             table.pages[r] = n
-        self.free_pages -= int(need.sum())
+        self.free_pages -= total
 
     def release(self, table: RequestTable, row: int) -> None:
         slot = int(table.slot[row])

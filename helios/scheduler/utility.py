@@ -63,7 +63,7 @@ def shared_log_scale(*log_arrays: np.ndarray) -> float:
     best = -math.inf
     for arr in log_arrays:
         if len(arr):
-            m = float(arr.max())
+            m = float(arr[arr.argmax()])  # arr.max(), NaN included, without a ufunc reduction's dispatch
             if m > best:
                 best = m
     return best if math.isfinite(best) else 0.0
