@@ -59,7 +59,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
     g.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
                    help="fp32: the model's exact weights (default); int8: int8 linear weights on the CPU, "
-                        "about 3x faster decoding at batch 1 but different greedy tokens")
+                        "less memory traffic per decode but different greedy tokens (docs/server.md)")
     g.add_argument("--slots", type=positive_int,
                    help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,

@@ -9,7 +9,8 @@ as long as the graph keeps losing. So:
 - every graph runs `discard` times unmeasured first;
 - then `rounds` measured rounds visit all graphs, each round in a rotated order. A burst of
   contention therefore lands on different graphs in different rounds instead of on all samples
-  of one graph, and the cost table's median (of nine) drops it;
+  of one graph, and the cost table's median (of nine) drops it. Rounds stop starting after
+  `budget_s`, so a heavily loaded machine still starts in bounded time;
 - decode graphs run at a representative KV position (`context`), since attention reads the
   window up to each row's position.
 
@@ -34,10 +35,14 @@ class WarmupConfig:
     discard: int = 1
     rounds: int = 3
     context: int = 256
+    # No new measured round starts past this many seconds (at least one always runs): on a
+    # machine that other processes keep busy, startup stays bounded with fewer samples.
+    budget_s: float = 20.0
 
     def __post_init__(self) -> None:
-        if self.discard < 0 or self.rounds < 1 or self.context < 0:
-            raise ConfigError("warmup", f"need discard >= 0, rounds >= 1, context >= 0; got {self}")
+        if self.discard < 0 or self.rounds < 1 or self.context < 0 or self.budget_s < 0:
+            raise ConfigError("warmup", f"need discard >= 0, rounds >= 1, context >= 0, budget_s >= 0; "
+                                        f"got {self}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +69,8 @@ def measure(core, config: WarmupConfig = WarmupConfig()) -> WarmupReport:
             core.time_graph(shape, _context(shape, config))
     samples: dict[GraphShape, list[int]] = {shape: [] for shape in shapes}
     for r in range(config.rounds):
+        if r and time.perf_counter() - start > config.budget_s:
+            break
         k = r % len(shapes)
         for shape in shapes[k:] + shapes[:k]:
             samples[shape].append(core.time_graph(shape, _context(shape, config)))

@@ -52,7 +52,7 @@ class CountingCore:
         return 1_000_000 * shape.batch_capacity * shape.token_capacity
 
 
-def test_warmup_discards_first_runs_and_rotates_rounds():
+def test_warmup_discards_first_runs_rotates_rounds_and_keeps_to_its_budget():
     from helios.prepare import ordinary_catalog
 
     core = CountingCore(ordinary_catalog(4, (64,)))
@@ -63,6 +63,9 @@ def test_warmup_discards_first_runs_and_rotates_rounds():
     assert len(rounds) == 3 * len(shapes)
     assert rounds[len(shapes)] == shapes[1]  # round 2 starts one graph later
     assert all(len(v) == 3 for v in report.samples.values())
+    core.calls.clear()
+    short = measure(core, WarmupConfig(discard=0, rounds=3, budget_s=0.0))  # past budget after one round
+    assert len(core.calls) == len(shapes) and all(len(v) == 1 for v in short.samples.values())
 
 
 def test_seed_costs_receives_every_sample(loaded):

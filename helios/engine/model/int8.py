@@ -4,7 +4,9 @@
 channel), and fbgemm's dynamic linear quantizes each input row on the fly. Per decode step it
 reads a quarter of the float32 weight bytes, which is what bounds decoding on a CPU: measured on
 this project's 2-core AMD EPYC (one thread, under load) 3.4-4.4x faster at 1 row for the MLP and
-output projections, 1.3-3.5x at 16 rows, and no gain at 256 (prefill is compute-bound).
+output projections, 1.3-3.5x at 16 rows, and no gain at 256 (prefill is compute-bound). With two
+threads on a heavily loaded machine whole decode graphs were slower than float32, so it is not
+a clear win everywhere (docs/server.md).
 
 It changes the numerics: greedy tokens can differ from the float32 model's (see
 docs/server.md for the measured agreement), so float32 stays the default. The quantized-tensor
