@@ -174,8 +174,9 @@ def _run_step(core: TorchCore, coll: Collectives, rank: int, world: int, plan, f
     execution = None
     try:
         extra = 0
-        if isinstance(fault, tuple) and fault[0] == "slow":  # test hook: a slower rank
-            time.sleep(fault[1])
+        if isinstance(fault, tuple) and fault[0] == "skew":
+            # Test hook: this rank reports `seconds` more than it measured. (A rank that really
+            # sleeps makes the others wait in the next all-reduce, and their intervals grow too.)
             extra = int(fault[1] * 1e9)
         execution = core.execute(plan, fence)
         if fault == "execute":
@@ -274,6 +275,7 @@ class TensorParallelCore:
             p.start()
             self.procs.append(p)
         self._closed = False
+        self._ready = False  # every rank built its shard and passed the barrier
         try:
             if num_threads:
                 torch.set_num_threads(num_threads)
@@ -281,6 +283,7 @@ class TensorParallelCore:
                                     timeout=datetime.timedelta(seconds=timeout_s))
             self.core, self.collectives = build_rank_core(0, self.world, model_path, device, core_kwargs)
             dist.barrier()
+            self._ready = True
         except BaseException:
             self.close()
             raise
@@ -311,7 +314,7 @@ class TensorParallelCore:
         self._ops.append(("detach", handle))
 
     def inject_fault(self, rank: int, fault) -> None:
-        """Test hook: `fault` ("preflight", "identity", "execute" or ("slow", seconds)) applies
+        """Test hook: `fault` ("preflight", "identity", "execute" or ("skew", seconds)) applies
         to `rank` during the next plan only."""
         self.faults[rank] = fault
 
@@ -359,7 +362,7 @@ class TensorParallelCore:
         """Stop every rank and destroy the process group; idempotent."""
         if getattr(self, "_closed", True) and not self.procs:
             return
-        if not self._closed and dist.is_initialized():
+        if not self._closed and self._ready and dist.is_initialized():
             try:
                 dist.broadcast_object_list([("stop",)], src=0)
             except Exception:
