@@ -43,6 +43,7 @@ class EngineOptions:
     sim_pace: float = 1.0  # sim engine: real seconds slept per simulated second
     warmup: bool = True  # torch engine: time every prepared graph before serving
     weights: str = "fp32"  # torch engine: fp32 (reference tokens) or int8 (faster, other tokens)
+    tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
 
 
 @dataclass(slots=True)
@@ -122,9 +123,18 @@ def _torch_core(options, speculation, chunks):
     path = pathlib.Path(options.model) if options.model else default_model_path()
     if not path.is_file():
         raise ConfigError("model", f"no such model file: {path}")
-    core = TorchCore(path, request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
-                     max_batch=options.slots, speculation=speculation,
-                     speculative_token_capacity=options.speculative_token_capacity, device=options.device,
-                     weights=options.weights)
+    kwargs = dict(request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
+                  max_batch=options.slots, speculation=speculation,
+                  speculative_token_capacity=options.speculative_token_capacity, device=options.device)
+    if options.tensor_parallel > 1:
+        from helios.engine.tensor_parallel import TensorParallelCore
+
+        if options.weights != "fp32":
+            raise ConfigError("weights", "tensor parallelism shards fp32 weights only")
+        if options.engine != "torch":
+            raise ConfigError("tensor_parallel", "needs --engine torch")
+        core = TensorParallelCore(options.tensor_parallel, path, **kwargs)
+    else:
+        core = TorchCore(path, weights=options.weights, **kwargs)
     # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
     return core, path.name.split(".")[0] or path.stem

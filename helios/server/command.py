@@ -19,7 +19,7 @@ _FLAGS = {
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
-    "weights": "--weights",
+    "weights": "--weights", "tensor_parallel": "--tensor-parallel",
 }
 
 
@@ -67,6 +67,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                         "64, 256, 1024, ... below it are prepared too")
     g.add_argument("--max-context", type=positive_int,
                    help="context tokens per request, prompt and output (default: the model's, at most 4096)")
+    g.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
+                   help="torch engine: shard the model over N ranks (torch.distributed; gloo on the CPU, "
+                        "NCCL on CUDA); ranks 1..N-1 are spawned processes (docs/scale-out.md)")
     g.add_argument("--speculation", choices=("off", "fixed", "adaptive"), default="off",
                    help="speculative decoding with copy proposals (default off)")
     g.add_argument("--speculative-token-capacity", type=positive_int, default=16,
@@ -111,7 +114,8 @@ def run(args: argparse.Namespace) -> int:
             slots=capacity.slots if capacity else args.slots or SIM_SLOTS,
             prefill_capacity=args.prefill_capacity,
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
-            device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights)
+            device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
+            tensor_parallel=args.tensor_parallel)
         backend = build_backend(options)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)
@@ -131,4 +135,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               shutdown_grace_s=args.shutdown_grace)
-    return serve(backend, settings, args.host, args.port, log_level=args.log_level)
+    try:
+        return serve(backend, settings, args.host, args.port, log_level=args.log_level)
+    finally:
+        close = getattr(backend.core, "close", None)
+        if close is not None:  # tensor parallelism: stop the spawned ranks
+            close()

@@ -168,6 +168,10 @@ class Block(nn.Module):
         # Gate and up projections fused the same way: [2 * hidden, dim].
         self.w13 = linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), pack, fmt)
         self.w2 = linear(w[p + "ffn_down.weight"], pack, fmt)
+        # Tensor parallelism (helios.engine.tensor_parallel) sets these to an all-reduce of the
+        # partial sums a rank's shard of wo / w2 produces; None on one rank (no reduction).
+        self.attn_reduce = None
+        self.mlp_reduce = None
 
     def forward(self, x, cos, sin, mask, slots, positions, cache_k, cache_v, window):
         c = self.config
@@ -194,11 +198,13 @@ class Block(nn.Module):
         q = q.reshape(B, K, G * L, D)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
         out = out.view(B, H, L, D).transpose(1, 2).reshape(B, L, H * D)
-        x = x + self.wo(out)
+        o = self.wo(out)
+        x = x + (o if self.attn_reduce is None else self.attn_reduce(o))
 
         # SwiGLU: down(silu(gate(h)) * up(h)).
         gate, up = self.w13(rms_norm(x, self.ffn_norm, c.norm_eps)).chunk(2, dim=-1)
-        return x + self.w2(F.silu(gate) * up)
+        m = self.w2(F.silu(gate) * up)
+        return x + (m if self.mlp_reduce is None else self.mlp_reduce(m))
 
 
 class LlamaModel(nn.Module):
