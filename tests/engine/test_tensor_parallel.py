@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 import textwrap
 import time
 
@@ -19,24 +20,19 @@ import torch
 
 from helios.config import PolicyConfig
 from helios.engine.tensor_parallel import RankMismatch, TensorParallelCore, kv_head_ranges, shard_weights
-from helios.engine.torch_core import TorchCore, load_model
+from helios.engine.torch_core import TorchCore
 from helios.errors import ConfigError
 from helios.graphs import GraphKind, GraphShape
 from helios.runtime.driver import SyncDriver
-from helios.scheduler import Lane, ScheduledPlan, Scheduler, SelectionReason
+from helios.scheduler import Scheduler
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_helpers import chat, lane, loaded, plan  # noqa: E402,F401 (loaded is a fixture)
 
 TIMEOUT_S = 90
 CORE = dict(max_context=192, prefill_chunks=(64,), max_batch=2, request_slots=2)
 QUESTIONS = ("What is the capital of France?", "Name a primary color.")
 MAX_TOKENS = 10
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model()
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")
@@ -46,23 +42,11 @@ def tp(loaded):
     core.close()
 
 
-def chat(tok, text):
-    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
-
-
 def generate(core, prompts, max_tokens):
     d = SyncDriver(Scheduler(core.catalog, PolicyConfig(), core.scheduler_config()), core)
     handles = [d.submit(p, max_tokens) for p in prompts]
     d.run()
     return [d.requests[h].tokens for h in handles], d
-
-
-def plan(shape, lanes):
-    return ScheduledPlan(shape, tuple(lanes), 1, 0.0, 0.0, SelectionReason.ORDINARY, False, False, 0, 0, ())
-
-
-def lane(handle, slot, prompt_start=0, prompt_tokens=0, context=0, rows=1):
-    return Lane(handle, 0, 0, slot, prompt_start, prompt_tokens, context, rows, 1.0, 1.0, 0.0)
 
 
 def test_sharding_scheme():

@@ -3,30 +3,23 @@ role validation, cancellation and slot reuse, queued frames, seeded sampling."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
-import torch
 
 from helios.config import PolicyConfig
-from helios.engine.torch_core import PlanMismatch, TorchCore, load_model
+from helios.engine.torch_core import PlanMismatch, TorchCore
 from helios.runtime.driver import SyncDriver
 from helios.errors import InvalidRequest
 from helios.graphs import GraphKind, GraphShape
-from helios.scheduler import Lane, ScheduledPlan, Scheduler, SelectionReason
+from helios.scheduler import Scheduler
 from helios.scheduler.plan import FinishReason
 
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_helpers import chat, lane, loaded, plan  # noqa: E402,F401 (loaded is a fixture)
+
 MAX_CONTEXT = 512
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads slow down 5-10x on a loaded 2-core box
-    yield load_model()
-    torch.set_num_threads(threads)
-
-
-def chat(tok, text):
-    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
 
 
 def make_core(loaded, **kw):
@@ -43,14 +36,6 @@ def generate(core, prompts, max_tokens, depth=1, **options):
     handles = [d.submit(p, max_tokens, **options) for p in prompts]
     d.run()
     return [d.requests[h].tokens for h in handles], d
-
-
-def plan(shape, lanes):
-    return ScheduledPlan(shape, tuple(lanes), 1, 0.0, 0.0, SelectionReason.ORDINARY, False, False, 0, 0, ())
-
-
-def lane(handle, slot, prompt_start=0, prompt_tokens=0, context=0, rows=1):
-    return Lane(handle, 0, 0, slot, prompt_start, prompt_tokens, context, rows, 1.0, 1.0, 0.0)
 
 
 def test_golden_capital_of_france(loaded):

@@ -2,35 +2,22 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import sys
+from pathlib import Path
 
 from helios.config import PolicyConfig, SpeculationMode
 from helios.engine.model import KVCache, generate_greedy
-from helios.engine.torch_core import TorchCore, load_model
+from helios.engine.torch_core import TorchCore
 from helios.runtime.driver import SyncDriver
 from helios.graphs import GraphKind, GraphShape
-from helios.scheduler import Lane, ScheduledPlan, Scheduler, SelectionReason
+from helios.scheduler import Lane, Scheduler
+
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_helpers import chat, loaded, plan  # noqa: E402,F401 (loaded is a fixture)
 
 MAX_CONTEXT = 512
 HELLO = "Write the word 'hello' ten times separated by spaces."
 CAT = "Repeat the following text exactly: 'The cat sat on the mat. The dog sat on the log.'"
-
-
-@pytest.fixture(scope="module")
-def loaded():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_model()
-    torch.set_num_threads(threads)
-
-
-def chat(tok, text):
-    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
-
-
-def plan(shape, lanes):
-    return ScheduledPlan(shape, tuple(lanes), 1, 0.0, 0.0, SelectionReason.ORDINARY, False, False, 0, 0, ())
 
 
 def test_scheduled_copy_speculation_is_lossless(loaded):
