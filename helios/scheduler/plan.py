@@ -9,7 +9,7 @@ from typing import Iterator, NamedTuple, Sequence
 import numpy as np
 
 from helios.errors import InvalidRequest
-from helios.graphs import GraphShape
+from helios.graphs import GraphKind, GraphShape
 
 RequestHandle = int
 Fence = int
@@ -181,6 +181,16 @@ class ScheduledPlan:
     @property
     def handles(self) -> tuple[RequestHandle, ...]:
         return tuple(self.lanes.handle.tolist())
+
+    @property
+    def prefill_row(self) -> int | None:
+        """Mixed plans: index in the dense lane list of the one row that consumes prompt tokens
+        (None: no prompt row). Every other row of a mixed plan is a decode or speculative row with
+        prompt_tokens == 0. Separate-family plans have no prefill role and return None."""
+        if self.shape.kind is not GraphKind.MIXED:
+            return None
+        prompt = np.flatnonzero(self.lanes.prompt_tokens)
+        return int(prompt[0]) if len(prompt) else None
 
     def padding(self) -> int:
         used = sum(np.maximum(self.lanes.prompt_tokens, self.lanes.output_rows).tolist())
