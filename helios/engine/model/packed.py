@@ -1,0 +1,103 @@
+"""One packed forward over rows of different query lengths (the spec's mixed execution contract).
+
+Where the rectangular forward (llama.LlamaModel.forward) runs a [B, L] grid, this one runs a single
+[T] token sequence: row b's queries sit at packed offsets offsets[b] .. offsets[b + 1] - 1, where the
+offsets are prefix sums of the rows' query lengths (never derived from slot ids). The token-parallel
+layers (QKV, output and MLP projections, the LM head) run once over all T positions; attention runs
+per row over that row's own slot, so a prompt chunk and decode rows share one weight pass without
+padding each other to a common length.
+
+State: each real token writes its K/V at (its row's slot, its position). Positions past the last row
+(unused capacity) belong to no row; they write only the cache's scratch slot, so they mutate no state.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from helios.engine.model.llama import KV_WINDOW_QUANTUM, Block, KVCache, LlamaModel, apply_rope, rms_norm
+
+
+def token_slots(query_lengths: torch.Tensor, slots: torch.Tensor, total: int, scratch_slot: int) -> torch.Tensor:
+    """The slot each of `total` packed positions writes: its row's slot, or the scratch slot for
+    positions past the last row. Derived on the device from the one query-length tensor."""
+    ends = torch.cumsum(query_lengths, 0)  # offsets[1:]: row b ends at ends[b]
+    # Position t belongs to the first row whose end exceeds t; past every end it gets index B.
+    row = torch.searchsorted(ends, torch.arange(total, device=ends.device), right=True)
+    scratch = torch.full((1,), scratch_slot, dtype=slots.dtype, device=slots.device)
+    return torch.cat([slots, scratch])[row]
+
+
+def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
+                 slots_per_token: torch.Tensor, rows: list[tuple[int, int, int, int, int]],
+                 cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+    """One layer over packed tokens x [1, T, dim]. `rows`: (offset, length, slot, first position,
+    key window) per active row."""
+    c = layer.config
+    T = x.shape[1]
+    H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
+    G = H // K
+
+    q, k, v = layer.wqkv(rms_norm(x, layer.attn_norm, c.norm_eps)).split([H * D, K * D, K * D], dim=-1)
+    q = apply_rope(q.view(1, T, H, D).transpose(1, 2), cos, sin)[0]  # [H, T, D]
+    k = apply_rope(k.view(1, T, K, D).transpose(1, 2), cos, sin)[0]  # [K, T, D]
+    v = v.view(T, K, D)
+    # cache[slot(t), :, position(t)] <- [K, D] for every packed position t (padding: scratch slot).
+    cache_k[slots_per_token, :, positions] = k.transpose(0, 1)
+    cache_v[slots_per_token, :, positions] = v
+
+    out = torch.zeros(H, T, D, dtype=x.dtype, device=x.device)  # padding positions attend to nothing
+    for off, n, slot, start, window in rows:
+        keys = cache_k[slot, :, :window]  # [K, window, D]: this row's own slot only
+        values = cache_v[slot, :, :window]
+        # GQA as in Block.forward: the G query heads of a KV head fold into the query axis.
+        qs = q[:, off:off + n].reshape(K, G * n, D)
+        # Causal by position: the query at position start + i sees keys at positions <= start + i.
+        key_pos = torch.arange(window, device=x.device)
+        mask = key_pos[None, :] <= torch.arange(start, start + n, device=x.device)[:, None]  # [n, window]
+        mask = mask[None].expand(G, n, window).reshape(1, G * n, window)
+        out[:, off:off + n] = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask).view(H, n, D)
+    o = layer.wo(out.transpose(0, 1).reshape(1, T, H * D))
+    x = x + (o if layer.attn_reduce is None else layer.attn_reduce(o))
+
+    # SwiGLU: down(silu(gate(h)) * up(h)), once over every packed position.
+    gate, up = layer.w13(rms_norm(x, layer.ffn_norm, c.norm_eps)).chunk(2, dim=-1)
+    m = layer.w2(F.silu(gate) * up)
+    return x + (m if layer.mlp_reduce is None else layer.mlp_reduce(m))
+
+
+@torch.inference_mode()
+def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Tensor, query_lengths: torch.Tensor,
+                   slots: torch.Tensor, cache: KVCache, logits_at: torch.Tensor) -> torch.Tensor:
+    """Run packed `tokens [T]` at `positions [T]`; row b has query_lengths[b] tokens (0: inactive) in
+    slot slots[b]. Returns logits [B, S, V] at the packed indices `logits_at [B, S]`.
+
+    Row b's positions must be consecutive (start .. start + n - 1) and below cache.max_context.
+    """
+    T = tokens.shape[0]
+    lengths = query_lengths.tolist()
+    pos_host, slot_host = positions.tolist(), slots.tolist()
+    rows, offset = [], 0
+    for b, n in enumerate(lengths):
+        if n:
+            start = pos_host[offset]
+            if pos_host[offset:offset + n] != list(range(start, start + n)):
+                raise ValueError(f"row {b}: positions must be consecutive from {start}")
+            # Keys needed: positions 0 .. start + n - 1, rounded up so windows take few values.
+            window = min(-(-(start + n) // KV_WINDOW_QUANTUM) * KV_WINDOW_QUANTUM, cache.max_context)
+            if start + n > cache.max_context:
+                raise ValueError(f"row {b}: positions up to {start + n - 1} exceed max_context {cache.max_context}")
+            rows.append((offset, n, slot_host[b], start, window))
+        offset += n
+    if offset > T:
+        raise ValueError(f"{offset} query tokens exceed the packed extent {T}")
+    per_token = token_slots(query_lengths, slots, T, cache.scratch_slot)
+
+    x = F.embedding(tokens, model.tok_embeddings)[None]  # [1, T, dim]
+    cos = model.rope_cos[positions][None, None]  # [1, 1, T, D]
+    sin = model.rope_sin[positions][None, None]
+    for i, layer in enumerate(model.layers):
+        x = packed_block(layer, x, cos, sin, positions, per_token, rows, cache.k[i], cache.v[i])
+    x = x[0, logits_at]  # [B, S, dim]: only the positions that sample
+    return model.output(rms_norm(x, model.norm, model.config.norm_eps))
