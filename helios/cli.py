@@ -27,7 +27,7 @@ def _sim_report(args: argparse.Namespace) -> int:
     from helios.sim.experiment import Setup
     from helios.sim.report import ReportConfig, quick, run_report
 
-    cfg = ReportConfig(seed=args.seed, setup=Setup(cost_model=args.cost_model))
+    cfg = ReportConfig(seed=args.seed, setup=Setup(cost_model=args.cost_model, mixed_prefill=args.mixed_prefill))
     if args.quick:
         cfg = quick(cfg)
     # Options given explicitly win over the defaults and over --quick.
@@ -94,6 +94,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--jobs", type=positive_int,
                         help="worker processes (default: 2, or 1 on a 1-CPU machine); results do not change")
     report.add_argument("--quick", action="store_true", help="a tiny smoke configuration")
+    report.add_argument("--mixed-prefill", action="store_true",
+                        help="give the Helios schedulers the mixed prefill+decode catalog (baselines keep their own)")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)

@@ -174,7 +174,7 @@ def _write_json(cfg, schedulers, results, workloads, path: Path, wall: float) ->
         return {"goodput": g.goodput, "load": g.scale, "status": g.status, "points": g.points}
 
     doc = {"wall_s": wall, "window_s": cfg.window_s, "loads": cfg.loads, "seed": cfg.seed,
-           "cost_model": cfg.setup.cost_model,
+           "cost_model": cfg.setup.cost_model, "mixed_prefill": cfg.setup.mixed_prefill,
            "workloads": {t: {"requests": w.requests, "base_rate": w.base_rate, "load_at_1": w.load_at_1,
                              "slo": {"ttft_ms": w.slo.ttft_ms, "gap_ms": w.slo.gap_ms,
                                      "gap_quantile": w.slo.gap_quantile, "target": w.slo.target}}
