@@ -204,3 +204,26 @@ def test_sigterm_of_rank_0_stops_every_rank(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_mixed_forward_matches_one_rank(loaded):
+    """The packed mixed forward shares TorchCore's execution on every rank: a prompt row and a decode
+    row in one mixed graph give the one-rank tokens."""
+    kw = dict(CORE, mixed_prefill=True)
+    mixed = GraphShape(GraphKind.MIXED, 2, 1, 0, 0, 64)
+    tok = loaded.tokenizer
+    prompts = [chat(tok, q)[:60] for q in QUESTIONS]
+
+    def run(core):
+        core.attach(0, prompts[0])
+        core.attach(1, prompts[1])
+        core.execute(plan(GraphShape(GraphKind.PREFILL, 1, 64), [lane(0, 0, 0, 60, 0, 1)]), 1)
+        recs = core.execute(plan(mixed, [lane(1, 1, 0, 60, 0, 1), lane(0, 0, context=61)]), 2).records
+        recs += core.execute(plan(GraphShape(GraphKind.DECODE, 2), [lane(0, 0, context=62), lane(1, 1, context=61)]),
+                             3).records
+        return [r.tokens for r in recs]
+
+    with TensorParallelCore(2, num_threads=1, timeout_s=TIMEOUT_S, **kw) as tp2:
+        assert mixed in tp2.catalog
+        two = run(tp2)
+    assert two == run(TorchCore(loaded=loaded, **kw))
