@@ -174,7 +174,7 @@ class Scheduler:
         return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
-                          (self.speculation, self.source) if self.shapes.speculative else None)
+                          (self.speculation, self.source) if self.shapes.rounds else None)
 
     def _plan_from(self, winner, view: PlanningView) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""

@@ -36,6 +36,11 @@ class ShapeSets:
         return self.decode + self.speculative + self.mixed
 
     @property
+    def rounds(self) -> bool:
+        """Whether any loaded graph verifies proposals (separate or mixed wider rows)."""
+        return bool(self.speculative) or any(s.token_capacity > 1 for s in self.mixed)
+
+    @property
     def max_verification_width(self) -> int:
         """The widest decode verification across the separate and mixed catalogs (state rows)."""
         return max((s.token_capacity for s in self.speculative + self.mixed), default=1)
