@@ -103,8 +103,6 @@ class SimCore:
     def execute(self, plan: ScheduledPlan, fence: Fence) -> Execution:
         if self.faults.raises(fence, self._fault_rng):
             raise CoreFault(f"injected fault at fence {fence}")
-        if plan.shape.kind is GraphKind.MIXED:
-            _check_mixed(plan)
         duration = self.true_duration_ns(plan)
         if plan.shape.kind is GraphKind.SPECULATIVE:
             return self._round(plan, duration)
@@ -202,16 +200,3 @@ class SimCore:
                 intervals = intervals[:rank] + (odd[int(self._fault_rng.integers(3))],) + intervals[rank + 1:]
         return ExecutionTiming(intervals, self.readiness_ns or None, duration + self.readiness_ns + self.host_overhead_ns)
 
-
-def _check_mixed(plan: ScheduledPlan) -> None:
-    """The mixed contract's roles: at most one prompt row, within C; decode rows within W."""
-    shape, prompt = plan.shape, plan.lanes.prompt_tokens
-    rows = np.flatnonzero(prompt)
-    if len(rows) > 1:
-        raise HeliosError(f"mixed plan has prompt rows {rows.tolist()}; at most one row may prefill")
-    if len(rows) and prompt[rows[0]] > shape.prefill_capacity:
-        raise HeliosError(f"mixed prompt row consumes {int(prompt[rows[0]])} tokens; prefill_capacity is "
-                          f"{shape.prefill_capacity}")
-    decode = np.delete(plan.lanes.output_rows, rows)
-    if len(decode) and (decode.min() < 1 or decode.max() > shape.token_capacity):
-        raise HeliosError(f"mixed decode rows need 1..{shape.token_capacity} output rows, got {decode.tolist()}")

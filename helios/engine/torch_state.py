@@ -137,23 +137,17 @@ def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_sl
 
 
 def _prompt_rows(plan: ScheduledPlan) -> frozenset[int]:
-    """Indices of the lanes that consume prompt tokens, after the plan-level role checks: every lane of
-    a prefill plan (packed by prefix sums within B x C), at most one lane of a mixed plan (within C)."""
+    """Indices of the lanes that consume prompt tokens: every lane of a prefill plan (packed by prefix
+    sums within B x C), the prompt row of a mixed plan (ScheduledPlan already holds a mixed plan to
+    at most one prompt row within C and decode rows within W)."""
     shape, prompt = plan.shape, plan.lanes.prompt_tokens.tolist()
     if shape.kind.is_prefill:
         if sum(prompt) > shape.batch_capacity * shape.token_capacity:
             raise PlanMismatch(f"{sum(prompt)} prompt tokens exceed {shape.label()}'s packed capacity "
                                f"{shape.batch_capacity * shape.token_capacity}")
         return frozenset(range(len(prompt)))
-    if shape.kind is not GraphKind.MIXED:
-        return frozenset()  # _check_decode names any lane that carries prompt tokens
-    rows = [i for i, n in enumerate(prompt) if n]
-    if len(rows) > 1:
-        raise PlanMismatch(f"lanes {rows} all consume prompt tokens; a mixed graph has at most one prompt row")
-    if rows and prompt[rows[0]] > shape.prefill_capacity:
-        raise PlanMismatch(f"prompt row {rows[0]} consumes {prompt[rows[0]]} tokens; the mixed graph's "
-                           f"prefill_capacity is {shape.prefill_capacity}")
-    return frozenset(rows)
+    row = plan.prefill_row
+    return frozenset() if row is None else frozenset({row})  # _check_decode names stray prompt tokens
 
 
 def _check_prefill(lane: Lane, r: CoreRequest, shape, max_context: int, slot: int, new: bool) -> LaneWork:

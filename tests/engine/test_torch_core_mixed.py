@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from helios.engine.torch_core import PlanMismatch, TorchCore
+from helios.errors import InvalidRequest
 from helios.graphs import Catalog, GraphKind, GraphShape
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -162,20 +163,24 @@ def test_padding_and_inactive_rows_leave_the_cache_untouched(loaded):
 
 
 def test_role_validation(loaded):
+    """Two prompt rows, a prompt row beyond C or claiming a first token it cannot sample, decode rows
+    wider than W: each is a clear error, and nothing runs."""
     tok = loaded.tokenizer
     core = make_core(loaded)
     prefill(core, 0, chat(tok, QUESTIONS[0]))
     core.attach(1, chat(tok, QUESTIONS[1]))
     core.attach(2, chat(tok, QUESTIONS[2]))
-    with pytest.raises(PlanMismatch, match="at most one prompt row"):
+    roles = (PlanMismatch, InvalidRequest)  # ScheduledPlan checks mixed roles as it is built
+    with pytest.raises(roles, match="at most one prompt row"):
         core.execute(plan(MIXED, [lane(1, 1, 0, 5, 0, 0), lane(2, 2, 0, 5, 0, 0)]), 1)
-    with pytest.raises(PlanMismatch, match="prefill_capacity"):
+    with pytest.raises(roles, match="prompt row exceeds its capacity"):
         core.execute(plan(MIXED, [lane(1, 1, 0, 129, 0, 0), decode_lane(core, 0)]), 2)
-    with pytest.raises(PlanMismatch, match="output rows"):  # a finishing extent claimed by a partial chunk
+    with pytest.raises(roles, match="1 output rows for a chunk that does not finish"):
         core.execute(plan(MIXED, [lane(1, 1, 0, 5, 0, 1), decode_lane(core, 0)]), 3)
-    with pytest.raises(PlanMismatch, match="output rows"):  # an ordinary mixed graph verifies width one
+    with pytest.raises(roles, match="output rows"):  # an ordinary mixed graph verifies width one
         core.execute(plan(MIXED, [lane(1, 1, 0, 5, 0, 0), decode_lane(core, 0, rows=2)]), 4)
-    assert core.requests[1].kv_len == 0 and core.requests[0].kv_len > 0  # nothing ran
+    assert core.requests[1].kv_len == 0 and not core.requests[2].kv_len  # nothing ran
+    assert core.requests[0].kv_len == len(chat(tok, QUESTIONS[0]))
 
 
 def test_packed_prefill_rows_by_prefix_sums(loaded):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helios.engine.sim_core import SimCore
-from helios.errors import ConfigError, HeliosError
+from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.plan import Lane, ScheduledPlan, SelectionReason
 from helios.sim.costmodel import SyntheticCostModel, VidurCostModel, linear_tokens
@@ -105,16 +105,6 @@ def test_simcore_speculative_mixed_rows_verify_like_a_round():
     assert ex.records[1].prompt_tokens == 128 and len(ex.records[1].tokens) == 1
     assert 1 <= len(ex.records[0].tokens) <= 4 and 1 <= len(ex.records[2].tokens) <= 2
     assert ex.records[0].prompt_tokens == 0 and ex.records[0].offered is None
-
-
-def test_simcore_rejects_mixed_role_violations():
-    core = SimCore(Catalog([MIXED]), SyntheticCostModel())
-    with pytest.raises(HeliosError, match="at most one row"):
-        core.execute(_plan(MIXED, [_lane(0, 0, 64, 0, 0), _lane(1, 0, 64, 0, 0)]), 1)
-    with pytest.raises(HeliosError, match="prefill_capacity"):
-        core.execute(_plan(MIXED, [_lane(0, 0, 600, 0, 1)]), 2)
-    with pytest.raises(HeliosError, match="output rows"):
-        core.execute(_plan(MIXED, [_lane(0, 0, 64, 0, 1), _lane(1, context=5, rows=2)]), 3)
 
 
 def test_simcore_packed_prefill_rows():
