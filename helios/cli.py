@@ -14,7 +14,7 @@ def _sim(args: argparse.Namespace) -> int:
     if not args.demo:
         print("flare sim: choose --demo (trace-driven runs arrive with `flare sim report`)", file=sys.stderr)
         return 2
-    run_demo(requests=args.requests, seed=args.seed, steps=args.steps)
+    run_demo(requests=args.requests, seed=args.seed, steps=args.steps, mixed_prefill=args.mixed_prefill)
     return 0
 
 
@@ -79,6 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--requests", type=positive_int, default=8)
     sim.add_argument("--steps", type=positive_int, default=40)
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--mixed-prefill", action="store_true", help="--demo with the mixed prefill+decode catalog")
     sim.set_defaults(func=_sim)
     sim_sub = sim.add_subparsers(dest="sim_command")
     report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report")
