@@ -30,10 +30,10 @@ def token_slots(query_lengths: torch.Tensor, slots: torch.Tensor, total: int, sc
 
 
 def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
-                 slots_per_token: torch.Tensor, rows: list[tuple[int, int, int, int, int]],
+                 slots_per_token: torch.Tensor, rows: list[tuple[int, int, int, int, torch.Tensor]],
                  cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
-    """One layer over packed tokens x [1, T, dim]. `rows`: (offset, length, slot, first position,
-    key window) per active row."""
+    """One layer over packed tokens x [1, T, dim]. `rows`: (offset, length, slot, key window,
+    attention mask [1, G * length, window]) per active row."""
     c = layer.config
     T = x.shape[1]
     H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -48,15 +48,11 @@ def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     cache_v[slots_per_token, :, positions] = v
 
     out = torch.zeros(H, T, D, dtype=x.dtype, device=x.device)  # padding positions attend to nothing
-    for off, n, slot, start, window in rows:
+    for off, n, slot, window, mask in rows:
         keys = cache_k[slot, :, :window]  # [K, window, D]: this row's own slot only
         values = cache_v[slot, :, :window]
         # GQA as in Block.forward: the G query heads of a KV head fold into the query axis.
         qs = q[:, off:off + n].reshape(K, G * n, D)
-        # Causal by position: the query at position start + i sees keys at positions <= start + i.
-        key_pos = torch.arange(window, device=x.device)
-        mask = key_pos[None, :] <= torch.arange(start, start + n, device=x.device)[:, None]  # [n, window]
-        mask = mask[None].expand(G, n, window).reshape(1, G * n, window)
         out[:, off:off + n] = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask).view(H, n, D)
     o = layer.wo(out.transpose(0, 1).reshape(1, T, H * D))
     x = x + (o if layer.attn_reduce is None else layer.attn_reduce(o))
@@ -65,6 +61,14 @@ def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
     gate, up = layer.w13(rms_norm(x, layer.ffn_norm, c.norm_eps)).chunk(2, dim=-1)
     m = layer.w2(F.silu(gate) * up)
     return x + (m if layer.mlp_reduce is None else layer.mlp_reduce(m))
+
+
+def _causal_mask(start: int, n: int, window: int, G: int, device) -> torch.Tensor:
+    # Causal by position: the query at position start + i sees keys at positions <= start + i;
+    # repeated for the G query heads folded into the query axis: [1, G * n, window].
+    key_pos = torch.arange(window, device=device)
+    mask = key_pos[None, :] <= torch.arange(start, start + n, device=device)[:, None]  # [n, window]
+    return mask[None].expand(G, n, window).reshape(1, G * n, window)
 
 
 @torch.inference_mode()
@@ -76,6 +80,7 @@ def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Ten
     Row b's positions must be consecutive (start .. start + n - 1) and below cache.max_context.
     """
     T = tokens.shape[0]
+    G = model.config.n_heads // model.config.n_kv_heads
     lengths = query_lengths.tolist()
     pos_host, slot_host = positions.tolist(), slots.tolist()
     rows, offset = [], 0
@@ -88,7 +93,7 @@ def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Ten
             window = min(-(-(start + n) // KV_WINDOW_QUANTUM) * KV_WINDOW_QUANTUM, cache.max_context)
             if start + n > cache.max_context:
                 raise ValueError(f"row {b}: positions up to {start + n - 1} exceed max_context {cache.max_context}")
-            rows.append((offset, n, slot_host[b], start, window))
+            rows.append((offset, n, slot_host[b], window, _causal_mask(start, n, window, G, tokens.device)))
         offset += n
     if offset > T:
         raise ValueError(f"{offset} query tokens exceed the packed extent {T}")
