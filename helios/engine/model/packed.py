@@ -5,13 +5,16 @@ Where the rectangular forward (llama.LlamaModel.forward) runs a [B, L] grid, thi
 offsets are prefix sums of the rows' query lengths (never derived from slot ids). The token-parallel
 layers (QKV, output and MLP projections, the LM head) run once over all T positions; attention runs
 per row over that row's own slot, so a prompt chunk and decode rows share one weight pass without
-padding each other to a common length.
+padding each other to a common length. Short rows (decode and speculative rows: at most as many queries
+as the graph samples per row) attend in one batched call, as the rectangular forward does.
 
 State: each real token writes its K/V at (its row's slot, its position). Positions past the last row
 (unused capacity) belong to no row; they write only the cache's scratch slot, so they mutate no state.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +32,52 @@ def token_slots(query_lengths: torch.Tensor, slots: torch.Tensor, total: int, sc
     return torch.cat([slots, scratch])[row]
 
 
+@dataclass(frozen=True)
+class ShortRows:
+    """Rows of at most L queries attended together in one [R, K, G * L, D] call."""
+
+    gather: torch.Tensor  # [R, L] packed index of query i of row r (clamped to the row's last one)
+    slots: torch.Tensor  # [R]
+    window: int
+    mask: torch.Tensor  # [R, 1, G * L, window]
+    src: torch.Tensor  # flat r * L + i of every real query
+    dst: torch.Tensor  # ... and its packed position
+
+    @classmethod
+    def of(cls, rows: list[tuple[int, int, int, int]], G: int, max_context: int, device) -> "ShortRows":
+        """From (offset, length, slot, first position) per row."""
+        L = max(n for _, n, _, _ in rows)
+        i = torch.arange(L, device=device)
+        offsets, lengths, slots, starts = (torch.tensor(col, device=device) for col in zip(*rows))
+        gather = offsets[:, None] + torch.minimum(i[None], lengths[:, None] - 1)
+        top = max(start + L for _, _, _, start in rows)
+        window = min(-(-top // KV_WINDOW_QUANTUM) * KV_WINDOW_QUANTUM, max_context)
+        # mask[r, q, k] = k <= starts[r] + q; padded queries past a row's length are discarded.
+        query_pos = starts[:, None] + i[None]
+        mask = torch.arange(window, device=device)[None, None, :] <= query_pos[:, :, None]  # [R, L, window]
+        mask = mask[:, None].expand(len(rows), G, L, window).reshape(len(rows), 1, G * L, window)
+        real = i[None] < lengths[:, None]  # [R, L]
+        src = real.flatten().nonzero().flatten()
+        return cls(gather, slots, window, mask, src, gather.flatten()[src])
+
+    def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, out: torch.Tensor, G: int) -> None:
+        H, _, D = q.shape
+        R, L = self.gather.shape
+        K = H // G
+        # GQA as in Block.forward: [R, H, L, D] -> [R, K, G * L, D].
+        qs = q[:, self.gather].permute(1, 0, 2, 3).reshape(R, K, G * L, D)
+        keys = cache_k[:, :, :self.window][self.slots]  # [R, K, window, D]
+        values = cache_v[:, :, :self.window][self.slots]
+        o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask)
+        o = o.view(R, H, L, D).permute(1, 0, 2, 3).reshape(H, R * L, D)
+        out[:, self.dst] = o[:, self.src]
+
+
 def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                  slots_per_token: torch.Tensor, rows: list[tuple[int, int, int, int, torch.Tensor]],
-                 cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
+                 short: ShortRows | None, cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
     """One layer over packed tokens x [1, T, dim]. `rows`: (offset, length, slot, key window,
-    attention mask [1, G * length, window]) per active row."""
+    attention mask [1, G * length, window]) of each row attended alone; `short`: the batched ones."""
     c = layer.config
     T = x.shape[1]
     H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -54,6 +98,8 @@ def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         # GQA as in Block.forward: the G query heads of a KV head fold into the query axis.
         qs = q[:, off:off + n].reshape(K, G * n, D)
         out[:, off:off + n] = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask).view(H, n, D)
+    if short is not None:
+        short.attend(q, cache_k, cache_v, out, G)
     o = layer.wo(out.transpose(0, 1).reshape(1, T, H * D))
     x = x + (o if layer.attn_reduce is None else layer.attn_reduce(o))
 
@@ -83,18 +129,23 @@ def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Ten
     G = model.config.n_heads // model.config.n_kv_heads
     lengths = query_lengths.tolist()
     pos_host, slot_host = positions.tolist(), slots.tolist()
-    rows, offset = [], 0
+    rows, short, offset = [], [], 0
+    width = logits_at.shape[1]  # rows this short (decode, speculative) attend in one batched call
     for b, n in enumerate(lengths):
         if n:
             start = pos_host[offset]
             if pos_host[offset:offset + n] != list(range(start, start + n)):
                 raise ValueError(f"row {b}: positions must be consecutive from {start}")
-            # Keys needed: positions 0 .. start + n - 1, rounded up so windows take few values.
-            window = min(-(-(start + n) // KV_WINDOW_QUANTUM) * KV_WINDOW_QUANTUM, cache.max_context)
             if start + n > cache.max_context:
                 raise ValueError(f"row {b}: positions up to {start + n - 1} exceed max_context {cache.max_context}")
-            rows.append((offset, n, slot_host[b], window, _causal_mask(start, n, window, G, tokens.device)))
+            if n <= width:
+                short.append((offset, n, slot_host[b], start))
+            else:
+                # Keys needed: positions 0 .. start + n - 1, rounded up so windows take few values.
+                window = min(-(-(start + n) // KV_WINDOW_QUANTUM) * KV_WINDOW_QUANTUM, cache.max_context)
+                rows.append((offset, n, slot_host[b], window, _causal_mask(start, n, window, G, tokens.device)))
         offset += n
+    grouped = ShortRows.of(short, G, cache.max_context, tokens.device) if short else None
     if offset > T:
         raise ValueError(f"{offset} query tokens exceed the packed extent {T}")
     per_token = token_slots(query_lengths, slots, T, cache.scratch_slot)
@@ -103,6 +154,6 @@ def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Ten
     cos = model.rope_cos[positions][None, None]  # [1, 1, T, D]
     sin = model.rope_sin[positions][None, None]
     for i, layer in enumerate(model.layers):
-        x = packed_block(layer, x, cos, sin, positions, per_token, rows, cache.k[i], cache.v[i])
+        x = packed_block(layer, x, cos, sin, positions, per_token, rows, grouped, cache.k[i], cache.v[i])
     x = x[0, logits_at]  # [B, S, dim]: only the positions that sample
     return model.output(rms_norm(x, model.norm, model.config.norm_eps))
