@@ -23,6 +23,20 @@ Mixed-load row (issue 10): 8 decode streams run; once each has produced a few to
 the end: without mixed graphs every prompt chunk stalls every decoder), the long prompt's TTFT, and
 total (output) tokens/s over the whole row.
 
+Measured (2026-12-01, `--mixed-load-only --tokens 48`, one torch thread, the shared 2-core box at load
+average 15-19, a 1172-token prompt, two runs):
+                        gap p99   long TTFT   out tok/s   mixed graphs chosen
+  run 1  helios          14.1 s      71.4 s         2.3
+         --mixed-prefill  8.7 s      41.9 s         2.8     2 of 130
+  run 2  helios           5.5 s      55.6 s         3.2
+         --mixed-prefill 11.9 s      47.7 s         2.6     2 of 109
+The two runs disagree in sign: the row is dominated by the machine's load, and the scheduler chose mixed
+graphs twice per run, because on this CPU a mixed graph costs about its prefill plus its decode graph
+(timed directly: mixed[B=16,W=1,C=256] with 15 decode rows 6.7-7.0 s against prefill[B=1,C=256] 5.7-6.1 s
+plus decode[B=16] 1.0-1.1 s; the packed extent adds 15 positions to a compute-bound prefill, and a CPU decode
+graph is not weight-bandwidth-bound enough for the shared weight pass to save much). Mixed graphs are
+therefore not the default for `flare run`.
+
 Run: .venv/bin/python bench/engine_throughput.py [--tokens 32] [--requests 16] [--threads 1]
      [--levels 1,4,16] [--mixed-load-only]
 """
