@@ -27,7 +27,7 @@ Measured (2026-12-01, `--mixed-load-only --tokens 48`, one torch thread, the sha
 average 15-19, a 1172-token prompt, two runs):
                         gap p99   long TTFT   out tok/s   mixed graphs chosen
   run 1  helios          14.1 s      71.4 s         2.3
-         --mixed-prefill  8.7 s      41.9 s         2.8     2 of 130
+         --mixed-prefill  8.7 s      41.9 s         2.8     2 of 128
   run 2  helios           5.5 s      55.6 s         3.2
          --mixed-prefill 11.9 s      47.7 s         2.6     2 of 109
 The two runs disagree in sign: the row is dominated by the machine's load, and the scheduler chose mixed
