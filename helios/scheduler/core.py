@@ -13,8 +13,8 @@ from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import Publications
 from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
-from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
+from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.plan import (
     NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, PlanTrace,
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,

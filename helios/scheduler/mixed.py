@@ -23,6 +23,7 @@ the decode rows as `decode_lanes` (W = 1) or `speculative_lanes` (W > 1) build t
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from functools import lru_cache
 from operator import neg
 
 import numpy as np
@@ -107,16 +108,15 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
                 options.append((best_prompt[c], min(b - 1, n)))
         t_ms, state = None, None
         for prompt, m in options:
-            members = dec.order[:m]
-            rows = None if dec.ceilings is None else dec.ceilings[members]
-            key = (tuple(decode.handles[members].tolist()), None if rows is None else tuple(rows.tolist()),
-                   shape.proposal_depth,
-                   None if prompt is None else (int(prompts.handles[prompt[0]]), prompt[1]))
+            # Cohorts of one (W, D) are prefixes of one ranking with fixed prefixes, so (W, D, m)
+            # names the decode cohort and its prefixes; the prompt row is named by index and work.
+            key = (shape.token_capacity, shape.proposal_depth, m, None if prompt is None else prompt[:2])
             if any(other.dominates(shape) for other in seen.get(key, ())):
                 continue  # same cohort, prefixes, prompt row and prompt work: padding only
             seen.setdefault(key, []).append(shape)
             if state is None:
                 t_ms, state = costs(shape)
+            rows = None if dec.ceilings is None else dec.ceilings[dec.order[:m]]
             out.append(_candidate(shape, decode, prompts, dec, prompt, m, rows, t_ms, state, waiting))
     return out
 
@@ -131,7 +131,7 @@ def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, st
         pidx, work, pvalue = prompt
         value += pvalue
         lru = max(lru, int(prompts.lru[pidx]))
-    c = MixedCandidate(shape, members, np.zeros(m, dtype=np.int64), value, decode.age_slope * m, t_ms, state,
+    c = MixedCandidate(shape, members, _NO_WORK[:m], value, decode.age_slope * m, t_ms, state,
                        prompt=pidx, prompt_work=work, prompt_value=pvalue)
     c.rows = rows
     c.ceilings = rows
@@ -139,12 +139,22 @@ def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, st
     c.score = c.value if t_ms is None else rate_score(c.value, c.slope, t_ms, waiting)
     c.lru = lru
     served = m + (prompt is not None)
-    used = work + (m * shape.token_capacity if rows is None else int(rows.sum()))
-    c.padding = shape.max_packed_extent - used
+    used = work + (m * shape.token_capacity if rows is None else sum(rows.tolist()))
+    extent, order = _constants(shape)
+    c.padding = extent - used
     # The same tie-break order as every other candidate (policy.finish_candidate).
-    c.key = (t_ms is None, c.score, -(t_ms or 0.0), served, -c.lru, -c.padding,
-             tuple(map(neg, shape.capacities())))
+    c.key = (t_ms is None, c.score, -(t_ms or 0.0), served, -c.lru, -c.padding, order)
     return c
+
+
+@lru_cache(maxsize=1024)
+def _constants(shape) -> tuple[int, tuple]:
+    """A shape's packed extent and its tie-break tuple, computed once per shape."""
+    return shape.max_packed_extent, tuple(map(neg, shape.capacities()))
+
+
+_NO_WORK = np.zeros(64, dtype=np.int64)  # decode rows consume no prompt (at most 64 rows)
+_NO_WORK.setflags(write=False)
 
 
 def mixed_lanes(table, winner: MixedCandidate, view) -> PlanLanes:

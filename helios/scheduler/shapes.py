@@ -19,11 +19,10 @@ class ShapeSets:
     @staticmethod
     def of(catalog: Catalog, speculation: bool, mixed: bool = True) -> "ShapeSets":
         """`mixed`: whether the selector runs mixed graphs (baselines never do)."""
-        wide_ok = speculation
         return ShapeSets(tuple(catalog.of_kind(GraphKind.DECODE)), tuple(catalog.of_kind(GraphKind.PREFILL)),
                          tuple(catalog.of_kind(GraphKind.SCORED_PREFILL)),
                          tuple(catalog.of_kind(GraphKind.SPECULATIVE)) if speculation else (),
-                         tuple(s for s in catalog.of_kind(GraphKind.MIXED) if s.token_capacity == 1 or wide_ok)
+                         tuple(s for s in catalog.of_kind(GraphKind.MIXED) if s.token_capacity == 1 or speculation)
                          if mixed else ())
 
     def prefill_of(self, kind: GraphKind) -> tuple[GraphShape, ...]:
