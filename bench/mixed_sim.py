@@ -8,6 +8,17 @@ output tokens/s, the graphs by kind, and the padding share of the token-parallel
   chunk plus the decode rows' output rows.
 
 Run: .venv/bin/python bench/mixed_sim.py [--window-s 60] [--load 0.6] [--cost-model h100-70b]
+
+Measured (2026-12-01, `--window-s 30`, load 0.6, h100-70b, with the scheduler side of issue 10 merged:
+mixed selection and packed prefill rows):
+    trace mixed   SLO  TTFT p50  gap p99 out tok/s pad prefill pad mixed  graphs
+    azure False  1.00      331ms    244ms       181        0.05       nan  decode 763, prefill 103
+    azure  True  0.95      409ms    140ms       181        0.04      0.08  decode 656, mixed 207, prefill 16
+ mooncake False  0.43     3369ms    452ms       129        0.01       nan  decode 3653, prefill 500
+ mooncake  True  0.63     4894ms    378ms       128        0.01      0.01  decode 2395, mixed 1993, prefill 42
+Mixed graphs cut the decoders' gap p99 on both traces and raise Mooncake's SLO attainment; they cost TTFT
+p50 (prompt chunks now share their graph with decoders) and a little of Azure's attainment. One window, one
+load: not the report's goodput sweep.
 """
 
 from __future__ import annotations
