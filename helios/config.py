@@ -24,6 +24,9 @@ class SchedulerPolicy(Enum):
     THROUGHPUT = "throughput"
 
 
+_FLAGS = ("phase_normalized", "stall_pricing", "flat_prompt_price")
+
+
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
     """The spec's preference coefficients ("Policy preferences"), in value units per ms."""
@@ -37,10 +40,30 @@ class PolicyConfig:
     adaptation_ms: float = 100.0
     estimate_ttl_ns: int = 30_000_000_000
     adaptive_verification_alpha: float = 1.0
+    # Beyond the spec's table (docs/scheduling-utility.md derives each; the ablation measures them):
+    # service rates normalized by the measured reference rate of the request's current phase
+    # (False: physical tokens/ms, the pre-issue-12 behaviour).
+    phase_normalized: bool = True
+    # Price an excluded decoder's stall by the growth of its own fairness and delivery prices over
+    # the candidate's duration, e^(T/tau) - 1, as a waiting prompt's price grows.
+    stall_pricing: bool = True
+    # Prompt tokens at the output token's fairness price per token (1 + f/(x * r_decode)) instead
+    # of the gradient 1 + f/(x * r_prefill). An ablation lead from the issue's study; off by default.
+    flat_prompt_price: bool = False
+    # Off by default, and outside the spec (which rules duration ceilings out): drop a prefill
+    # candidate when the oldest decoder's age + T + one decode step would exceed this many ms.
+    # Kept only as the study's reference point for the ablation.
+    stall_bound_ms: float | None = None
 
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
+            if f.name in _FLAGS:
+                if not isinstance(value, bool):
+                    raise ConfigError(f.name, f"must be a bool, got {value!r}")
+                continue
+            if f.name == "stall_bound_ms" and value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f.name, f"must be a number, got {value!r}")
             if not math.isfinite(value) or value < 0:
@@ -49,6 +72,8 @@ class PolicyConfig:
             raise ConfigError("adaptive_verification_alpha", "must be greater than zero")
         if self.adaptation_ms <= 0:
             raise ConfigError("adaptation_ms", "must be greater than zero")
+        if self.stall_bound_ms is not None and self.stall_bound_ms <= 0:
+            raise ConfigError("stall_bound_ms", "must be positive, or None to disable the bound")
         if self.estimate_ttl_ns <= 0 or int(self.estimate_ttl_ns) != self.estimate_ttl_ns:
             raise ConfigError("estimate_ttl_ns", "must be a positive whole number of nanoseconds")
 

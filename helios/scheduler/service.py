@@ -4,6 +4,10 @@ See docs/scheduling-utility.md. A request's utility is
     prompt + beta * output + f * log x + g * log z
 so its gradient prices are 1 + f/x per prompt token, beta + f/x per output token and g/z
 per delivery. x and z are EWMA service rates with time constant tau = adaptation_ms.
+
+x is kept normalized: each token counts 1/r of the reference rate r of the phase it was served
+in (`Normalizers`), so x is a share of the machine, and a phase transition or a new measurement
+leaves it (and so the price per unit of machine time) where it was.
 """
 
 from __future__ import annotations
@@ -73,14 +77,50 @@ class PriceCoefficients:
         )
 
 
-def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients):
-    """Vectorized log prices: prefill token, output token, delivery.
+@dataclass(frozen=True, slots=True)
+class Normalizers:
+    """log of the reference token rates (tokens/ms) of the two phases, from the measured catalog.
 
+    prefill: the fastest measured per-row prompt rate, max C/T over prefill graphs; decode: the
+    fastest measured per-stream output rate, max 1/T over delivery-bearing graphs (one committed
+    token per row is the only output a round guarantees). An unmeasured phase has reference 1
+    (log 0): tokens/ms are then the unit, exactly the physical rates. `PHYSICAL` is that for
+    both phases, the ablation without normalization.
+    """
+
+    log_prefill: float = 0.0
+    log_decode: float = 0.0
+
+    def normalized_service(self, prompt_tokens, output_tokens):
+        """Service in reference-time units (ms of the phase's solo rate): p/r_p + o/r_d."""
+        return (np.asarray(prompt_tokens, dtype=float) * math.exp(-self.log_prefill)
+                + np.asarray(output_tokens, dtype=float) * math.exp(-self.log_decode))
+
+
+PHYSICAL = Normalizers()
+
+
+def reference_normalizers(prefill_costs, decode_costs) -> Normalizers:
+    """`prefill_costs`: (token_capacity, t_ms) of measured prefill graphs; `decode_costs`:
+    (batch, t_ms) of measured delivery-bearing graphs. Unmeasured phases keep reference 1."""
+    lp = max((math.log(c / t) for c, t in prefill_costs if t > 0), default=0.0)
+    ld = max((-math.log(t) for _, t in decode_costs if t > 0), default=0.0)
+    return Normalizers(lp, ld)
+
+
+def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm: Normalizers = PHYSICAL,
+               flat_prompt: bool = False):
+    """Vectorized log prices per physical unit: prefill token, output token, delivery, and the
+    fairness part of the output token (f/(x r_d), the part that grows while a decoder waits).
+
+    x is normalized (a share of the machine), so one token of a phase is 1/r of a unit and its
+    fairness price is f/(x r). `flat_prompt` prices prompt tokens at the decode reference instead.
     Requests without a delivery history carry NaN in log_z and get a zero delivery price.
     """
-    fair = k.log_f - log_x  # log(f/x); rates are finite, so no inf - inf
-    prefill = np.logaddexp(0.0, fair)  # log(1 + f/x)
-    output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
+    fair = k.log_f - log_x  # log(f/x), per unit of normalized service; rates are finite
+    fair_out = fair - norm.log_decode
+    prefill = np.logaddexp(0.0, fair_out if flat_prompt else fair - norm.log_prefill)  # log(1 + f/(x r_p))
+    output = np.logaddexp(k.log_beta, fair_out)  # log(beta + f/(x r_d))
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
     delivery[np.isnan(log_z)] = NEG_INF
-    return prefill, output, delivery
+    return prefill, output, delivery, fair_out
