@@ -24,7 +24,7 @@ class SchedulerPolicy(Enum):
     THROUGHPUT = "throughput"
 
 
-_FLAGS = ("phase_normalized", "stall_pricing", "flat_prompt_price")
+_FLAGS = ("phase_normalized", "stall_pricing", "gradient_prompt_price")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,9 +47,10 @@ class PolicyConfig:
     # Price an excluded decoder's stall by the growth of its own fairness and delivery prices over
     # the candidate's duration, e^(T/tau) - 1, as a waiting prompt's price grows.
     stall_pricing: bool = True
-    # Prompt tokens at the output token's fairness price per token (1 + f/(x * r_decode)) instead
-    # of the gradient 1 + f/(x * r_prefill). An ablation lead from the study; off by default.
-    flat_prompt_price: bool = False
+    # False: the spec's prices, one f/x for prompt and output tokens (x in decode-reference units).
+    # True: prompt tokens at the exact gradient of f log x, f/x * r_decode/r_prefill (~0.004 f/x
+    # here): fairer in machine shares, slower first tokens (docs/scheduling-utility.md, ablation).
+    gradient_prompt_price: bool = False
     # Off by default, and outside the spec (which rules duration ceilings out): drop a prefill
     # candidate when the oldest decoder's age + T + one decode step would exceed this many ms.
     # Kept only as the study's reference point for the ablation.

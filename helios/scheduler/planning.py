@@ -72,7 +72,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     """`rows`: live requests in admission order; `norm`: the current reference rates.
     `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
-    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.flat_prompt_price)
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price)
     phase = t.phase[rows]
     handles = t.handle[rows]
     queued_prompt = t.queued_prompt[rows]

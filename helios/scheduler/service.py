@@ -109,17 +109,18 @@ def reference_normalizers(prefill_costs, decode_costs) -> Normalizers:
 
 
 def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm: Normalizers = PHYSICAL,
-               flat_prompt: bool = False):
-    """Vectorized log prices per physical unit: prefill token, output token, delivery, and the
+               gradient_prompt: bool = False):
+    """Vectorized log prices per physical token: prefill token, output token, delivery, and the
     fairness part of the output token (f/(x r_d), the part that grows while a decoder waits).
 
-    x is normalized (a share of the machine), so one token of a phase is 1/r of a unit and its
-    fairness price is f/(x r). `flat_prompt` prices prompt tokens at the decode reference instead.
+    x is stored as a share of the machine; x r_d is the same rate in decode-reference tokens/ms,
+    the spec's x. Its prices are 1 + f/x per prompt token and beta + f/x per output token. With
+    `gradient_prompt`, a prompt token costs its exact gradient f/(x r_p) instead (an ablation).
     Requests without a delivery history carry NaN in log_z and get a zero delivery price.
     """
-    fair = k.log_f - log_x  # log(f/x), per unit of normalized service; rates are finite
-    fair_out = fair - norm.log_decode
-    prefill = np.logaddexp(0.0, fair_out if flat_prompt else fair - norm.log_prefill)  # log(1 + f/(x r_p))
+    fair = k.log_f - log_x  # log(f/x) per unit of normalized service; rates are finite
+    fair_out = fair - norm.log_decode  # log(f / (x r_d)): the spec's f/x in decode-reference units
+    prefill = np.logaddexp(0.0, fair - norm.log_prefill if gradient_prompt else fair_out)
     output = np.logaddexp(k.log_beta, fair_out)  # log(beta + f/(x r_d))
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
     delivery[np.isnan(log_z)] = NEG_INF
