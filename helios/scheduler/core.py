@@ -97,8 +97,9 @@ class Scheduler:
         if len(rates):
             return float(np.logaddexp.reduce(rates) - math.log(len(rates)))
         if self.policy.phase_normalized:
-            # With no live request: a share of one, the rate of a request alone on the machine.
-            return 0.0
+            # With no live request: the rate of a stream alone on the machine, one output token
+            # per fastest measured delivery graph (1 token/ms before anything is measured).
+            return self._normalizers().log_decode
         measured = [t for s, t in self.costs.measured().items() if s.kind is GraphKind.DECODE]
         # Physical rates: one token per fastest measured decode, else 1 token/ms.
         return -math.log(min(measured) / 1e6) if measured else 0.0

@@ -111,7 +111,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     if policy.stall_pricing and len(act):
         # What a stall of T does to a decoder's own prices: its fairness and delivery prices
         # grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's price follows.
-        # Its next step's value grows by (f/(x r_d) + g/z)(e^(T/tau) - 1); policy.finish_candidate
+        # Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
         # charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
         growing = np.exp(lf[act] - scale) + np.exp(ld[act] - scale)
         stall_total = float(growing.sum())

@@ -5,9 +5,10 @@ See docs/scheduling-utility.md. A request's utility is
 so its gradient prices are 1 + f/x per prompt token, beta + f/x per output token and g/z
 per delivery. x and z are EWMA service rates with time constant tau = adaptation_ms.
 
-x is kept normalized: each token counts 1/r of the reference rate r of the phase it was served
-in (`Normalizers`), so x is a share of the machine, and a phase transition or a new measurement
-leaves it (and so the price per unit of machine time) where it was.
+x counts normalized service: an output token counts one, a prompt token r_d/r_p of one, the
+ratio of the phases' measured reference rates (`Normalizers`), so x measures machine time, not
+raw tokens. x is stored in physical output tokens/ms: a phase transition or a new measurement
+leaves it, and so every price, where it was until actual service moves it.
 """
 
 from __future__ import annotations
@@ -84,17 +85,19 @@ class Normalizers:
     prefill: the fastest measured per-row prompt rate, max C/T over prefill graphs; decode: the
     fastest measured per-stream output rate, max 1/T over delivery-bearing graphs (one committed
     token per row is the only output a round guarantees). An unmeasured phase has reference 1
-    (log 0): tokens/ms are then the unit, exactly the physical rates. `PHYSICAL` is that for
-    both phases, the ablation without normalization.
+    (log 0). `PHYSICAL` (both 1) counts a prompt token as an output token: the ablation without
+    normalization, and what happens before anything is measured.
     """
 
     log_prefill: float = 0.0
     log_decode: float = 0.0
 
     def normalized_service(self, prompt_tokens, output_tokens):
-        """Service in reference-time units (ms of the phase's solo rate): p/r_p + o/r_d."""
-        return (np.asarray(prompt_tokens, dtype=float) * math.exp(-self.log_prefill)
-                + np.asarray(output_tokens, dtype=float) * math.exp(-self.log_decode))
+        """Service in output-token units: o + p * r_d / r_p. A prompt token takes 1/r_p ms of the
+        machine and an output token 1/r_d, so this is machine time at the decode reference rate:
+        x stays in physical output tokens/ms, and prices stay in physical units."""
+        return (np.asarray(prompt_tokens, dtype=float) * math.exp(self.log_decode - self.log_prefill)
+                + np.asarray(output_tokens, dtype=float))
 
 
 PHYSICAL = Normalizers()
@@ -110,18 +113,19 @@ def reference_normalizers(prefill_costs, decode_costs) -> Normalizers:
 
 def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm: Normalizers = PHYSICAL,
                gradient_prompt: bool = False):
-    """Vectorized log prices per physical token: prefill token, output token, delivery, and the
-    fairness part of the output token (f/(x r_d), the part that grows while a decoder waits).
+    """Vectorized log prices: prefill token, output token, delivery, and the fairness part f/x
+    (what grows while a request waits).
 
-    x is stored as a share of the machine; x r_d is the same rate in decode-reference tokens/ms,
-    the spec's x. Its prices are 1 + f/x per prompt token and beta + f/x per output token. With
-    `gradient_prompt`, a prompt token costs its exact gradient f/(x r_p) instead (an ablation).
-    Requests without a delivery history carry NaN in log_z and get a zero delivery price.
+    x counts normalized service (output tokens, plus prompt tokens at r_d / r_p), so the spec's
+    prices apply as written: 1 + f/x per prompt token, beta + f/x per output token, g/z per
+    delivery. With `gradient_prompt`, a prompt token costs its exact gradient 1 + f/x * r_d/r_p
+    instead (an ablation). Requests without a delivery history carry NaN in log_z and get a zero
+    delivery price.
     """
-    fair = k.log_f - log_x  # log(f/x) per unit of normalized service; rates are finite
-    fair_out = fair - norm.log_decode  # log(f / (x r_d)): the spec's f/x in decode-reference units
-    prefill = np.logaddexp(0.0, fair - norm.log_prefill if gradient_prompt else fair_out)
-    output = np.logaddexp(k.log_beta, fair_out)  # log(beta + f/(x r_d))
+    fair = k.log_f - log_x  # log(f/x); rates are finite, so no inf - inf
+    prompt_fair = fair + (norm.log_decode - norm.log_prefill) if gradient_prompt else fair
+    prefill = np.logaddexp(0.0, prompt_fair)  # log(1 + f/x)
+    output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
     delivery[np.isnan(log_z)] = NEG_INF
-    return prefill, output, delivery, fair_out
+    return prefill, output, delivery, fair

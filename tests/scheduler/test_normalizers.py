@@ -1,7 +1,7 @@
 """Phase normalizers and priced decoder stalls (issue 12, docs/scheduling-utility.md).
 
-Rates are shares of the machine: a token served in a phase counts 1/r of that phase's measured
-reference rate r. A phase transition or a new measurement keeps each request's price until actual
+Rates count machine time: an output token counts one, a prompt token r_d/r_p of one (the ratio of
+the phases' measured reference rates). A phase transition or a new measurement keeps each request's price until actual
 service changes it; the stall of an excluded decoder costs the growth of its own prices over T.
 """
 
@@ -31,7 +31,7 @@ def test_reference_rates_come_from_the_measured_catalog():
     n = reference_normalizers([(64, 8.0), (256, 20.0), (1024, 80.0)], [(1, 10.0), (4, 12.0)])
     assert n.log_prefill == pytest.approx(math.log(R_PREFILL))
     assert n.log_decode == pytest.approx(math.log(R_DECODE))
-    assert n.normalized_service(128, 2) == pytest.approx(128 / R_PREFILL + 2 / R_DECODE)
+    assert n.normalized_service(128, 2) == pytest.approx(128 * R_DECODE / R_PREFILL + 2)
 
 
 def test_the_scheduler_records_the_commit_time_normalizers_on_each_frame():
@@ -83,9 +83,10 @@ def test_a_normalizer_change_keeps_every_price():
     d.run(3)
     before = [s.request_row(h).log_x for h in hs]
     # A faster prefill measurement raises the prefill reference rate.
-    s.seed_costs({prefill(1024): [int(40.0 * MS)] * 9}, s.now_ns)
+    s.seed_costs({prefill(1024): [int(40.0 * MS)] * 9, decode(1): [int(7.0 * MS)] * 9}, s.now_ns)
     assert s._normalizers().log_prefill > math.log(R_PREFILL)
-    assert [s.request_row(h).log_x for h in hs] == before
+    assert s._normalizers().log_decode > math.log(R_DECODE)
+    assert [s.request_row(h).log_x for h in hs] == before  # x, and so every price, unchanged
 
 
 def test_a_fresh_prefill_does_not_enter_decode_looking_over_served():
