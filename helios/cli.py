@@ -59,6 +59,23 @@ def _csv(kind):
     return parse
 
 
+def _names(text: str) -> list[str]:
+    """Comma-separated names, where a variant's own list stays whole:
+    "sarathi,helios-balanced[stall_pricing=0,adaptation_ms=100]" is two names."""
+    names, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            names.append(current)
+            current = ""
+        else:
+            current += ch
+    names.append(current)
+    if depth != 0:
+        raise argparse.ArgumentTypeError(f"unbalanced brackets in {text!r}")
+    return [n.strip() for n in names if n.strip()]
+
+
 def _bench(args: argparse.Namespace) -> int:
     from helios.sim.overhead import print_overhead
 
@@ -90,7 +107,7 @@ def build_parser() -> argparse.ArgumentParser:
     report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report")
     report.add_argument("--out", default="sim-report", help="output directory (report.md, PNGs, results.json)")
     report.add_argument("--traces", type=_csv(str), help="comma-separated: azure, mooncake, multi")
-    report.add_argument("--schedulers", type=_csv(str),
+    report.add_argument("--schedulers", type=_names,
                         help="comma-separated: helios-balanced, helios-throughput, helios-spec, vllm-fcfs, sarathi, vtc, direct")
     report.add_argument("--window-s", type=float, help="seconds of each trace to replay (default: enough for --min-requests)")
     report.add_argument("--loads", type=_csv(float), help="nominal loads, e.g. 0.2,0.4,0.6")
@@ -98,7 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--min-requests", type=positive_int,
                         help="each trace's window holds at least this many requests (default 1000)")
     report.add_argument("--resolution", type=float, help="goodput bisection resolution (default 0.05: 5%%)")
-    report.add_argument("--ablation", type=_csv(str),
+    report.add_argument("--ablation", type=_names,
                         help="Helios variants for the ablation table, e.g. 'helios-balanced[stall_pricing=0]'")
     report.add_argument("--trace", action="append", metavar="PATH",
                         help="a trace file (Azure CSV or Mooncake JSONL; repeatable), run with the --traces")

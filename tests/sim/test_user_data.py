@@ -135,3 +135,11 @@ def test_seeds_combine_into_mean_and_range():
     assert m["metrics"]["jain"] is None and list(m["ttft_ms"]) == [1.0] * 3
     assert c["goodput"].goodput == pytest.approx(1.3) and (c["goodput"].low, c["goodput"].high) == (1.0, 1.6)
     assert c["runs"] == 9 and len(c["points"]) == 3
+
+
+def test_variant_names_keep_their_own_commas():
+    from helios.cli import build_parser
+
+    args = build_parser().parse_args(["sim", "report", "--ablation",
+                                      "helios-balanced[stall_pricing=0,adaptation_ms=100],helios-balanced"])
+    assert args.ablation == ["helios-balanced[stall_pricing=0,adaptation_ms=100]", "helios-balanced"]
