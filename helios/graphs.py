@@ -95,6 +95,34 @@ class GraphShape:
                 raise ConfigError("proposal_depth", "width-one speculative programs have D = 0")
         elif self.kind is not GraphKind.MIXED and self.proposal_depth:
             raise ConfigError("proposal_depth", f"{self.kind.value} graphs have no proposals")
+        if self.kind is GraphKind.MIXED:
+            self._check_mixed()
+
+    def _check_mixed(self) -> None:
+        # The mixed execution contract. The upper bound on W (the core's completion token
+        # capacity) is a property of the core, checked where its catalog is built (helios.prepare).
+        b, w, c = self.batch_capacity, self.token_capacity, self.prefill_capacity
+        if not 2 <= b <= 64 or b & (b - 1):
+            raise ConfigError("batch_capacity", f"a mixed graph has a power-of-two 2..64 rows, got {b}")
+        if c <= 0 or c % 64:
+            raise ConfigError("prefill_capacity", f"a mixed graph's prompt capacity is a positive multiple "
+                                                  f"of 64, got {c}")
+        if c < w:
+            raise ConfigError("prefill_capacity", f"{c} is below the decode width {w}: a decode-only "
+                                                  "population must also fit")
+        if self.proposal_depth > w - 1:
+            raise ConfigError("proposal_depth", f"a width-{w} mixed graph has at most {w - 1} proposals")
+        if not self.rectangular:
+            raise ConfigError("target_capacity", "mixed decode rows are rectangular: P = B x W")
+
+    @property
+    def max_packed_extent(self) -> int:
+        """Mixed graphs: prefill_capacity + (batch_capacity - 1) x token_capacity, the packed token
+        extent of one full prompt row plus full decode rows (a decode-only population fits too,
+        since the prompt capacity is at least the decode width)."""
+        if self.kind is not GraphKind.MIXED:
+            raise ConfigError("kind", f"only mixed graphs have a packed extent, not {self.kind.value}")
+        return self.prefill_capacity + (self.batch_capacity - 1) * self.token_capacity
 
     @property
     def rectangular(self) -> bool:

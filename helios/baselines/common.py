@@ -74,6 +74,7 @@ class BaselineScheduler(Scheduler):
 
     name = "baseline"
     synchronous = True
+    mixed_graphs = False  # Helios's mixed catalog is never imposed on a baseline
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, **kwargs):

@@ -4,7 +4,8 @@ An engine (TorchCore, SimCore and its echo variant, a simulator setup) says what
 its largest request bucket, its prefill chunks and their activation envelope, and its speculative
 programs (verification widths and the envelope R). `build_catalog` turns that into the prepared
 graphs: decode at every power-of-two bucket (or width-one speculative programs in its place),
-prefill at every (bucket, chunk) inside the envelope, and the speculative programs.
+prefill at every (bucket, chunk) inside the envelope, the speculative programs, and (with
+`mixed_prefill`) the mixed prefill/generation graphs of `helios.prepare.mixed`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from helios.config import SpeculationMode
 from helios.errors import ConfigError
 from helios.graphs import Catalog
+from helios.prepare.mixed import DEFAULT_COMPLETION_TOKEN_CAPACITY, check_mixed_widths, mixed_shapes
 from helios.prepare.ordinary import ordinary_catalog
 from helios.prepare.speculative import with_speculation
 
@@ -30,6 +32,8 @@ class Capacities:
     widths                       verification widths W (pending token included) of those programs
     speculative_token_capacity   R: aggregate target rows of one speculative program
     ragged                       where B x W exceeds R, prepare a ragged program with P = R
+    mixed_prefill                also prepare mixed prefill/generation graphs (`--mixed-prefill`)
+    completion_token_capacity    the core's bound on a mixed graph's decode width (8 when undeclared)
     """
 
     max_batch: int
@@ -40,6 +44,8 @@ class Capacities:
     widths: tuple[int, ...] = (1, 2, 4)
     speculative_token_capacity: int = 16
     ragged: bool = True
+    mixed_prefill: bool = False
+    completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_chunks", tuple(sorted(set(self.prefill_chunks))))
@@ -53,12 +59,25 @@ class Capacities:
             raise ConfigError("max_prefill_tokens", f"{self.max_prefill_tokens} is below the smallest chunk")
         if not self.widths or self.widths[0] < 1:
             raise ConfigError("widths", f"verification widths are positive, got {self.widths!r}")
+        if not isinstance(self.mixed_prefill, bool):
+            raise ConfigError("mixed_prefill", f"must be a bool, got {self.mixed_prefill!r}")
+        cap = self.completion_token_capacity
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            raise ConfigError("completion_token_capacity", f"must be a positive integer, got {cap!r}")
 
 
 def build_catalog(capacities: Capacities) -> Catalog:
     """The prepared graphs of an engine with these capacities."""
     c = capacities
     catalog = ordinary_catalog(c.max_batch, c.prefill_chunks, c.max_prefill_tokens, c.scored_prefill)
-    if c.speculation is SpeculationMode.OFF:
+    if c.speculation is not SpeculationMode.OFF:
+        catalog = with_speculation(catalog, c.max_batch, c.widths, c.speculative_token_capacity, c.ragged)
+    if not c.mixed_prefill:
         return catalog
-    return with_speculation(catalog, c.max_batch, c.widths, c.speculative_token_capacity, c.ragged)
+    # The loaded decode mode picks the variant: zero drafts selects the ordinary mixed catalog.
+    spec_on = c.speculation is not SpeculationMode.OFF
+    drafts = max(c.widths) - 1 if spec_on else 0
+    mixed = mixed_shapes(c.max_batch, max(c.prefill_chunks), drafts, c.speculative_token_capacity,
+                         c.completion_token_capacity, c.widths)
+    check_mixed_widths(mixed, c.completion_token_capacity)
+    return Catalog(list(catalog) + mixed)

@@ -50,6 +50,9 @@ def reduce_capacities(catalog: Catalog, *, max_width: int | None = None, max_bat
     def keep(s: GraphShape) -> bool:
         if max_batch is not None and s.batch_capacity > max_batch:
             return False
+        # Fixed-width limits apply to mixed and separate speculative graphs alike.
+        if s.kind is GraphKind.MIXED and max_width is not None and s.token_capacity > max_width:
+            return False
         if s.kind is GraphKind.SPECULATIVE:
             if max_width is not None and s.token_capacity > max_width:
                 return False

@@ -63,7 +63,10 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
     lanes = head.plan.lanes
     if not isinstance(records, (list, tuple)) or len(records) != len(lanes):
         raise InvalidCompletion(f"fence {fence} has {len(lanes)} lanes; got {len(records) if isinstance(records, (list, tuple)) else records!r}")
-    speculative = head.plan.shape.kind is GraphKind.SPECULATIVE
+    kind = head.plan.shape.kind
+    speculative = kind is GraphKind.SPECULATIVE
+    # Rows whose token count is an accepted prefix: speculative rounds and wider mixed decode rows.
+    rounds = speculative or (kind is GraphKind.MIXED and head.plan.shape.token_capacity > 1)
     live = table.phase[head.rows] != DONE
     records = list(records)
     fast = {type(r) for r in records} <= {CompletionRecord}
@@ -82,14 +85,16 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         rows = lanes.output_rows
         # count_nonzero, not .any(): a reduction's dispatch costs several times more at these sizes.
         fast = plain and not np.count_nonzero(eos & (counts == 0)) and (
-            speculative or not np.count_nonzero((counts > rows) | (live & (counts != rows))))
+            rounds or not np.count_nonzero((counts > rows) | (live & (counts != rows))))
     if not fast:
-        _first_problem(lanes, records, live, speculative)  # raises, unless only the types differ
+        _first_problem(lanes, records, live, rounds)  # raises, unless only the types differ
         counts = np.fromiter((len(r.tokens) for r in records), np.int64, len(records))
         eos = np.fromiter((r.eos for r in records), bool, len(records))
     if speculative:
         for lane, rec, is_live in zip(lanes, records, live.tolist()):
             _validate_round(head.plan, lane, rec, is_live, survival)
+    elif kind is GraphKind.MIXED:
+        _validate_mixed(head.plan, lanes, records, live, survival)
     if head.plan.device_allocation:
         if confidence is None:
             raise InvalidCompletion("a device-allocated speculative round completes through complete_packed_round")
@@ -98,7 +103,7 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
             raise InvalidCompletion(f"allocated {used} target rows; the program has {head.plan.shape.target_capacity}")
     if confidence is not None:
         _validate_sidecars(confidence, sidecar_shape)
-    if survival is not None and head.plan.shape.kind is not GraphKind.SPECULATIVE:
+    if survival is not None and not rounds:
         raise InvalidCompletion("survival rows belong to speculative rounds")
     return Checked(head, records, counts, eos, plain)
 
@@ -146,6 +151,25 @@ def _validate_round(plan, lane, rec, live, survival) -> None:
                                     f"probabilities for at most {offered} evaluated prefixes")
 
 
+def _validate_mixed(plan, lanes, records, live, survival) -> None:
+    """Completion by phase. The prompt row commits its full scheduled extent (checked with every
+    lane's prompt_tokens) and publishes its first token only when that chunk finishes the prompt;
+    a width-one decode row commits its one token (checked with every lane), a wider one its
+    accepted prefix."""
+    prompt_row, wide = plan.prefill_row, plan.shape.token_capacity > 1
+    for i, (lane, rec, is_live) in enumerate(zip(lanes, records, live.tolist())):
+        if i != prompt_row:
+            if wide:
+                _validate_round(plan, lane, rec, is_live, survival)
+            continue
+        n = len(rec.tokens)
+        if n > lane.output_rows or (is_live and n != lane.output_rows):
+            raise InvalidCompletion(f"request {rec.handle}: a mixed graph's prompt row returned {n} tokens "
+                                    f"for {lane.output_rows} output rows")
+        if rec.offered is not None or (survival is not None and rec.handle in survival):
+            raise InvalidCompletion(f"request {rec.handle}: a prompt row verifies no proposals")
+
+
 def _validate_sidecars(confidence, shape) -> None:
     sidecars = confidence if isinstance(confidence, (list, tuple)) else [confidence]
     if not sidecars:
@@ -168,8 +192,8 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if frame.isolated and timing.wall_ns:
         raw = max(raw or 0, timing.wall_ns)
     sched.stats.record(frame, raw)
-    speculative = shape.kind is GraphKind.SPECULATIVE
-    if speculative:
+    rounds = shape.kind is GraphKind.SPECULATIVE or (shape.kind is GraphKind.MIXED and shape.token_capacity > 1)
+    if rounds:
         sched.stats.speculative_programs += 1
     # Each successful frame with a positive device interval is one measured interval.
     if timing.device_interval_ns() is not None:
@@ -205,9 +229,10 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if finished or prompt:  # only a finish or prompt progress moves a phase
         t.update_phase(r)
     rl = r.tolist()
-    if speculative:
+    if rounds:
         for j, row in zip(lane_index, rl):
-            _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
+            if not lanes.prompt_tokens[j]:  # a mixed graph's prompt row learns no acceptance
+                _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
     fence, finish, plain = frame.fence, t.finish, checked.plain_ints
     return [GeneratedToken(h, fence, records[j].tokens if plain else tuple(map(int, records[j].tokens)),
                            finish[row], fi)

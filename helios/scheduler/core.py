@@ -14,6 +14,7 @@ from helios.scheduler.accounting import Publications
 from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
+from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.plan import (
     NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, PlanTrace,
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
@@ -38,6 +39,8 @@ class Scheduler:
     Pure: no I/O and no clock; time only arrives through `admit`, `cancel` and `advance_to`.
     """
 
+    mixed_graphs = True  # selects the catalog's mixed graphs (baselines never do)
+
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, costs: CostTable | None = None):
         self.catalog = catalog
@@ -60,9 +63,12 @@ class Scheduler:
         self._decisions = 0  # served lanes record it: 0 is "never served"
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
-        self.shapes = ShapeSets.of(catalog, spec_on)
-        if any(sh.proposal_depth > self.config.draft_capacity for sh in self.shapes.speculative):
-            raise InvalidRequest("a speculative program's depth exceeds draft_capacity")
+        self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
+        # State-row reservation (draft_capacity) covers the widest verification of the separate
+        # and the mixed catalogs.
+        if self.shapes.max_verification_width - 1 > self.config.draft_capacity or any(
+                sh.proposal_depth > self.config.draft_capacity for sh in self.shapes.speculative + self.shapes.mixed):
+            raise InvalidRequest("a speculative or mixed program's depth exceeds draft_capacity")
         self.speculation = SpeculationModel(self.config.draft_capacity)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
 
@@ -80,7 +86,7 @@ class Scheduler:
                                  f"{self.config.max_context}-token context")
         if request.score_prompt and not self.shapes.scored_prefill:
             raise InvalidRequest("prompt scoring needs scored-prefill graphs, and none is loaded")
-        if not request.score_prompt and not self.shapes.prefill:
+        if not request.score_prompt and not self.shapes.prefill and not self.shapes.mixed:
             # Legal catalog (e.g. decode only), but nothing could consume this prompt.
             raise InvalidRequest("the catalog has no prefill graph to consume the prompt")
         if self.resources.extent_pages(request) > self.resources.total_pages:
@@ -155,6 +161,10 @@ class Scheduler:
         budget = Budget(self.resources.free_slots, self.resources.free_pages)
         for kind, (pool, _) in view.prefill.items():
             candidates += prefill_candidates(self.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
+        if self.shapes.mixed:
+            prompts = view.prefill.get(GraphKind.PREFILL)
+            candidates += mixed_candidates(self.shapes.mixed, costs, view.decode,
+                                           None if prompts is None else prompts[0], view.waiting, budget)
         return self._plan_from(best(candidates), view)
 
     def _view(self) -> PlanningView | None:
@@ -169,7 +179,7 @@ class Scheduler:
                           self._normalizers(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
-                          (self.speculation, self.source) if self.shapes.speculative else None)
+                          (self.speculation, self.source) if self.shapes.rounds else None)
 
     def _plan_from(self, winner, view: PlanningView) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
@@ -178,6 +188,8 @@ class Scheduler:
         kind, t_ms = winner.shape.kind, winner.t_ms or 0.0
         if kind is GraphKind.SPECULATIVE:
             lanes = self._spec_lanes(winner, view)
+        elif kind is GraphKind.MIXED:
+            lanes = mixed_lanes(self.requests, winner, view)
         elif kind is GraphKind.DECODE:
             # Values are the scaled lane values at the winner's duration.
             values = view.decode.base[winner.members] + view.decode.age_slope * t_ms

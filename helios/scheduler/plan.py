@@ -171,6 +171,8 @@ class ScheduledPlan:
     def __post_init__(self) -> None:
         if not isinstance(self.lanes, PlanLanes):
             object.__setattr__(self, "lanes", PlanLanes.of(self.lanes))
+        if self.shape.kind is GraphKind.MIXED:
+            _check_mixed_roles(self.shape, self.lanes)
 
     def selection_value_rate(self) -> float:
         return self.score
@@ -186,15 +188,37 @@ class ScheduledPlan:
     def prefill_row(self) -> int | None:
         """Mixed plans: index in the dense lane list of the one row that consumes prompt tokens
         (None: no prompt row). Every other row of a mixed plan is a decode or speculative row with
-        prompt_tokens == 0. Separate-family plans have no prefill role and return None."""
+        prompt_tokens == 0. Helios puts the prompt row first (0 when present); a consumer must
+        read the index rather than assume it. Separate-family plans have no prefill role and
+        return None."""
         if self.shape.kind is not GraphKind.MIXED:
             return None
         prompt = np.flatnonzero(self.lanes.prompt_tokens)
         return int(prompt[0]) if len(prompt) else None
 
     def padding(self) -> int:
+        if self.shape.kind is GraphKind.MIXED:  # the packed extent: the prompt row plus W-wide rows
+            return self.shape.max_packed_extent - int(self.lanes.prompt_tokens.sum()) - int(
+                np.where(self.lanes.prompt_tokens > 0, 0, self.lanes.output_rows).sum())
         used = sum(np.maximum(self.lanes.prompt_tokens, self.lanes.output_rows).tolist())
         return self.shape.target_capacity - used
+
+
+def _check_mixed_roles(shape: GraphShape, lanes: PlanLanes) -> None:
+    """Mixed lane roles: at most B rows, at most one prompt row of at most C tokens (its output
+    rows 0 or 1), decode rows of 1..W output rows."""
+    n, b = len(lanes), shape.batch_capacity
+    if n > b:
+        raise InvalidRequest(f"{shape.label()} has {b} rows; the plan has {n} lanes")
+    prompt = lanes.prompt_tokens
+    rows = np.flatnonzero(prompt)
+    if len(rows) > 1 or int(prompt.min(initial=0)) < 0:
+        raise InvalidRequest(f"{shape.label()}: at most one prompt row, got {len(rows)}")
+    if len(rows) and (prompt[rows[0]] > shape.prefill_capacity or lanes.output_rows[rows[0]] > 1):
+        raise InvalidRequest(f"{shape.label()}: the prompt row exceeds its capacity or output row")
+    decode = np.delete(lanes.output_rows, rows)
+    if len(decode) and (int(decode.min()) < 1 or int(decode.max()) > shape.token_capacity):
+        raise InvalidRequest(f"{shape.label()}: decode rows have 1..{shape.token_capacity} output rows")
 
 
 @dataclass(frozen=True, slots=True)

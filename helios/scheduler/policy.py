@@ -4,10 +4,24 @@ Every loaded physical capacity competes. For each shape the cohort is a prefix o
 ranked by additive value (the duration does not depend on membership), padded shapes that
 serve the same cohort with the same logical work are discarded, and the winner maximizes
 the value rate with the spec's tie-break order.
+
+Packed prefill rows. A prefill graph B x C holds B rows and B x C prompt tokens in all; its rows
+are packed by prefix sums of their own lengths (as the mixed contract packs), so a row pays for
+its own tokens, not for C. The rule: the cohort is the top B lanes (feasible under free slots and
+pages) ranked by their value at work min(prompt_left, C); each member first gets
+min(prompt_left, C); the capacity the cohort leaves unused then goes to the members in that rank
+order, each taking as much of its remaining prompt as fits two bounds of the graph's measured
+full occupancy: the token sum stays <= B x C (token-parallel work) and the sum of squared row
+lengths stays <= B x C^2 (causal attention work), so a packed graph never does more work than
+the full-occupancy runs its cost estimate comes from. Every row consumes >= 1 token, a row
+exceeds C only with capacity the others leave unused, and a single-row graph is unchanged. The
+engine's contract: a prefill plan has at most B lanes, each with prompt_tokens >= 1, summing to
+at most B x C.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import neg
@@ -171,30 +185,66 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
             if m == 0:
                 continue
             members = feasible[:m]
-            key = (tuple(pool.handles[members]), tuple(works[members]))
+            packed, value = _packed(pool, members, works[members], shape, float(sums[m]))
+            key = (tuple(pool.handles[members]), tuple(packed.tolist()))
             if any(other.dominates(shape) for other in seen.get(key, ())):
                 continue  # redundant padding: same cohort, same logical work, larger shape
             seen.setdefault(key, []).append(shape)
             t_ms, state = costs(shape)
             if pool.stall_bound_ms is not None and t_ms is not None and t_ms > pool.stall_bound_ms:
                 continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
-            if state is CostState.UNKNOWN and _smaller_reaches_endpoint(shape, shapes, works[members],
+            if state is CostState.UNKNOWN and _smaller_reaches_endpoint(shape, shapes, packed,
                                                                           pool.to_endpoint[members]):
                 continue
-            c = Candidate(shape, members, works[members], float(sums[m]), 0.0, t_ms, state)
+            c = Candidate(shape, members, packed, value, 0.0, t_ms, state)
             out.append(finish_candidate(c, pool, waiting))
     return out
 
 
+def _packed(pool: LanePool, members: np.ndarray, works: np.ndarray, shape: GraphShape, value: float):
+    """Packed works of a cohort (the module's rule) and their value; `value` is that of `works`."""
+    left = pool.prompt_left[members]
+    c = shape.token_capacity
+    rows = works.tolist()
+    spare = shape.batch_capacity * c - sum(rows)
+    spare_sq = shape.batch_capacity * c * c - sum(w * w for w in rows)
+    if spare <= 0 or not np.count_nonzero(left > works):
+        return works, value
+    for i, (w, total) in enumerate(zip(rows, left.tolist())):
+        if spare <= 0:
+            break
+        # Largest growth that keeps both sums within full occupancy: (w + e)^2 - w^2 <= spare_sq.
+        e = min(total - w, spare, math.isqrt(w * w + spare_sq) - w)
+        if e > 0:
+            rows[i] = w + e
+            spare -= e
+            spare_sq -= (w + e) * (w + e) - w * w
+    packed = np.asarray(rows, dtype=np.int64)
+    finishes = packed == left
+    values = np.exp(pool.log_prefill[members]) * packed + np.where(finishes, pool.first_token[members], 0.0)
+    return packed, float(values.sum())
+
+
 def _smaller_reaches_endpoint(shape, shapes, works, to_endpoint) -> bool:
     """Prefill exploration excludes a larger unmeasured graph when a smaller prepared capacity
-    consumes the same tokens up to the next message or prompt endpoint."""
+    consumes the same tokens up to the next message or prompt endpoint. Capacities compare by
+    B x C; a smaller graph is credited with rows of at most C tokens (a lone row: as much as the
+    packing rule lets it take)."""
     reach = np.minimum(works, to_endpoint)
+    n = len(works)
     for other in shapes:
-        if other.batch_capacity == shape.batch_capacity and other.token_capacity < shape.token_capacity:
-            if np.array_equal(np.minimum(np.minimum(works, other.token_capacity), to_endpoint), reach):
-                return True
+        if other.target_capacity >= shape.target_capacity or other.batch_capacity < n:
+            continue
+        limit = _lone_row_limit(other) if n == 1 else other.token_capacity
+        if np.array_equal(np.minimum(np.minimum(works, limit), to_endpoint), reach):
+            return True
     return False
+
+
+def _lone_row_limit(shape: GraphShape) -> int:
+    """The most tokens one row may take from an otherwise empty prefill graph under packing."""
+    b, c = shape.batch_capacity, shape.token_capacity
+    return min(b * c, math.isqrt(b * c * c))
 
 
 def best(candidates: list[Candidate]) -> Candidate | None:

@@ -1,5 +1,6 @@
 """The spec's policy scenarios for ordinary work ("Verification": policy_tests)."""
 
+import math
 
 import pytest
 
@@ -64,10 +65,14 @@ def test_padded_tail_earns_only_the_tokens_it_consumes():
     s.admit(spec(prompt=4096 + 100), 0)
     d.run_one()
     tail = s.plan()
-    # 100 tokens left: C=256 consumes 100 (padded), C=64 consumes 64; both compete.
-    assert tail.shape in (prefill(64), prefill(256))
-    assert tail.lanes[0].prompt_tokens == min(100, tail.shape.token_capacity)
-    assert tail.padding() == tail.shape.token_capacity - tail.lanes[0].prompt_tokens
+    # 100 tokens left: C=256 consumes 100 (padded), C=64 consumes 64, and a lone row packed into
+    # B x 64 takes what the packing rule allows (at most sqrt(B) x 64); all compete.
+    work = tail.lanes[0].prompt_tokens
+    if tail.shape.batch_capacity == 1:
+        assert work == min(100, tail.shape.token_capacity)
+    else:
+        assert work == min(100, math.isqrt(tail.shape.batch_capacity) * 64)
+    assert tail.padding() == tail.shape.target_capacity - work
 
 
 def test_padded_shape_serving_the_same_cohort_is_pruned_even_if_measured_faster():

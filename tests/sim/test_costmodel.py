@@ -112,7 +112,25 @@ def _shapes(kind: GraphKind):
         return st.builds(lambda b, c: GraphShape(kind, min(b, 8), c), b, c)
     if kind is GraphKind.SPECULATIVE:
         return st.builds(lambda b, w: GraphShape(kind, b, w, w - 1 if w > 1 else 0), b, w)
+    # The mixed contract: B a power of two 2..64, C a positive multiple of 64 (>= W here always).
+    b, w, c = st.sampled_from([2, 4, 8, 16, 32, 64]), st.integers(1, 8), st.integers(1, 64).map(lambda k: 64 * k)
     return st.builds(lambda b, w, c: GraphShape(kind, b, w, w - 1 if w > 1 else 0, 0, c), b, w, c)
+
+
+def _grown(small: GraphShape, grow: tuple[int, int, int]) -> GraphShape:
+    """`small` with every capacity at least as large, inside the kind's contract."""
+    kind = small.kind
+    if kind is GraphKind.MIXED:
+        # Doubling keeps B a power of two; whole 64-token steps keep C aligned.
+        b = min(64, small.batch_capacity << (grow[0] % 6))
+        w = min(8, small.token_capacity + grow[1])
+        return GraphShape(kind, b, w, small.proposal_depth + (w - small.token_capacity if small.token_capacity > 1
+                                                              else 0),
+                          0, small.prefill_capacity + 64 * (grow[2] // 64))
+    return GraphShape(kind, small.batch_capacity + grow[0],
+                      small.token_capacity if kind is GraphKind.DECODE else small.token_capacity + grow[1],
+                      small.proposal_depth + (grow[1] if kind is GraphKind.SPECULATIVE and small.token_capacity > 1
+                                              else 0))
 
 
 @settings(max_examples=60, deadline=None)
@@ -121,11 +139,7 @@ def _shapes(kind: GraphKind):
 def test_padded_shape_costs_at_least_as_much(kind, data, profile):
     small = data.draw(_shapes(kind))
     grow = data.draw(st.tuples(st.integers(0, 64), st.integers(0, 8), st.integers(0, 2048)))
-    big = GraphShape(kind, small.batch_capacity + grow[0],
-                     small.token_capacity if kind is GraphKind.DECODE else small.token_capacity + grow[1],
-                     small.proposal_depth + (grow[1] if kind in (GraphKind.SPECULATIVE, GraphKind.MIXED)
-                                             and small.token_capacity > 1 else 0),
-                     0, small.prefill_capacity + (grow[2] if kind is GraphKind.MIXED else 0))
+    big = _grown(small, grow)
     active = data.draw(st.integers(1, small.batch_capacity))
     ctx = data.draw(st.lists(st.integers(0, 6000), min_size=active, max_size=active))
     for m in (model(profile), SyntheticCostModel(), SyntheticCostModel.realistic_small()):
@@ -169,7 +183,7 @@ def test_padding_rows_pay_linear_not_attention():
     few, full = m.breakdown_ms(shape, [2000] * 4), m.breakdown_ms(shape, [2000] * 64)
     assert few["linear"] == full["linear"] and few["attention"] < full["attention"]
     assert linear_tokens(GraphShape(GraphKind.SPECULATIVE, 8, 4, 3)) == 32
-    assert linear_tokens(GraphShape(GraphKind.MIXED, 8, 1, 0, 0, 256)) == 264
+    assert linear_tokens(GraphShape(GraphKind.MIXED, 8, 1, 0, 0, 256)) == 264  # B x W + C
     with pytest.raises(ValueError):
         m.duration_ns(shape, [0] * 65)
     with pytest.raises(ValueError):

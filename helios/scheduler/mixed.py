@@ -1,0 +1,193 @@
+"""Mixed prefill/generation candidates and lanes (spec: "Mixed execution contract").
+
+A mixed graph (B, W, C) runs at most one prompt row of up to C tokens and decode rows of width W
+in one forward. For each shape, selection compares two cohorts at the same full graph duration:
+
+  decode-only   the top-B decoders by lane value
+  prompt row    the best prompt row (work min(prompt_left, C): a tail may fit) plus the top B - 1
+                decoders; with no decoders this is a prompt-only population, also legal
+
+Lane values are additive and the duration does not depend on membership, so each cohort is exact
+for its shape: the prompt row and the decoders come from disjoint pools (a request is either
+prefilling or decoding). Padding earns nothing: a lane's value is its own expected service.
+Decoders of a wider (speculative) graph keep their complete prefix min(D + 1, W, limit): mixed
+decode rows are rectangular, P = B x W, so the row budget never constrains them.
+
+Dominance pruning among mixed candidates requires the same decode cohort and prefixes, the same
+prompt row and the same logical prompt work (and, as for speculative rounds, the same depth).
+
+Lanes: the prompt row first (ScheduledPlan.prefill_row == 0), as `prefill_lanes` builds it, then
+the decode rows as `decode_lanes` (W = 1) or `speculative_lanes` (W > 1) build them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from operator import neg
+
+import numpy as np
+
+from helios.graphs import GraphKind
+from helios.scheduler.cost import CostState
+from helios.scheduler.lanes import decode_lanes, prefill_lanes, speculative_lanes
+from helios.scheduler.plan import PlanLanes
+from helios.scheduler.policy import Budget, Candidate, LanePool
+from helios.scheduler.rounds import _ceilings, _gains
+from helios.scheduler.speculation import expected_output
+from helios.scheduler.utility import ranked_lanes, rate_score, stall_cost
+
+
+@dataclass(slots=True)
+class MixedCandidate(Candidate):
+    """A Candidate whose `members` index the decode pool; the prompt row indexes the prefill pool."""
+
+    prompt: int | None = None  # prefill pool index of the prompt row; None: decode-only
+    prompt_work: int = 0
+    prompt_value: float = 0.0
+
+
+@dataclass(slots=True)
+class _Decoders:
+    """The decode pool ranked for one (W, D): cohorts are prefixes of `order`."""
+
+    order: np.ndarray
+    sums: list  # sums[m]: value of the top m
+    recent: list  # recent[m - 1]: most recent service among the top m
+    ceilings: np.ndarray | None  # rows per decoder (None: width one)
+
+
+def _rank_decoders(pool: LanePool, shape) -> _Decoders:
+    if shape.token_capacity == 1:
+        full, ceilings = pool.base, None
+    else:
+        ceilings = _ceilings(pool, shape)
+        full = pool.base + _gains(pool, ceilings).sum(axis=1)
+    order = ranked_lanes(full, pool.lru, pool.slots)
+    sums = [0.0, *np.cumsum(full[order]).tolist()]
+    recent = np.maximum.accumulate(pool.lru[order]).tolist() if len(order) else []
+    return _Decoders(order, sums, recent, ceilings)
+
+
+def _best_prompt(pool: LanePool, chunk: int, budget: Budget):
+    """(index, work, value) of the best prompt row that fits the free slots and pages, or None."""
+    works = np.minimum(pool.prompt_left, chunk)
+    finishes = works == pool.prompt_left
+    # Prompt tokens at 1 + f/x, plus one output token when the prompt completes.
+    values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
+    for idx in ranked_lanes(values, pool.lru, pool.slots).tolist():
+        if pool.resident[idx] or (budget.free_slots > 0 and int(pool.pages[idx]) <= budget.free_pages):
+            return idx, int(works[idx]), float(values[idx])
+    return None
+
+
+def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, waiting: float,
+                     budget: Budget) -> list[Candidate]:
+    """Every mixed shape's decode-only cohort and its prompt-row cohort, padding pruned."""
+    n = len(decode.handles)
+    has_prompts = prompts is not None and len(prompts.handles) > 0
+    if not shapes or (n == 0 and not has_prompts):
+        return []
+    ranked: dict[tuple[int, int], _Decoders] = {}
+    best_prompt: dict[int, tuple | None] = {}
+    seen: dict[tuple, list] = {}
+    out = []
+    # Sorted by capacities: a dominating (padded) shape always comes after the one it pads.
+    for shape in sorted(shapes, key=lambda s: s.capacities()):
+        dec = ranked.get((shape.token_capacity, shape.proposal_depth))
+        if dec is None:
+            dec = ranked[(shape.token_capacity, shape.proposal_depth)] = _rank_decoders(decode, shape)
+        b, c = shape.batch_capacity, shape.prefill_capacity
+        options = []
+        if n:
+            options.append((None, min(b, n)))
+        if has_prompts:
+            if c not in best_prompt:
+                best_prompt[c] = _best_prompt(prompts, c, budget)
+            if best_prompt[c] is not None:
+                options.append((best_prompt[c], min(b - 1, n)))
+        t_ms, state = None, None
+        for prompt, m in options:
+            # Cohorts of one (W, D) are prefixes of one ranking with fixed prefixes, so (W, D, m)
+            # names the decode cohort and its prefixes; the prompt row is named by index and work.
+            key = (shape.token_capacity, shape.proposal_depth, m, None if prompt is None else prompt[:2])
+            if any(other.dominates(shape) for other in seen.get(key, ())):
+                continue  # same cohort, prefixes, prompt row and prompt work: padding only
+            seen.setdefault(key, []).append(shape)
+            if state is None:
+                t_ms, state = costs(shape)
+            rows = None if dec.ceilings is None else dec.ceilings[dec.order[:m]]
+            out.append(_candidate(shape, decode, prompts, dec, prompt, m, rows, t_ms, state, waiting))
+    return out
+
+
+def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, state: CostState,
+               waiting) -> MixedCandidate:
+    members = dec.order[:m]
+    value = dec.sums[m]
+    lru = dec.recent[m - 1] if m else 0
+    work, pvalue, pidx = 0, 0.0, None
+    if prompt is not None:
+        pidx, work, pvalue = prompt
+        value += pvalue
+        lru = max(lru, int(prompts.lru[pidx]))
+    c = MixedCandidate(shape, members, _NO_WORK[:m], value, decode.age_slope * m, t_ms, state,
+                       prompt=pidx, prompt_work=work, prompt_value=pvalue)
+    c.rows = rows
+    c.ceilings = rows
+    # An unknown duration ranks by expected useful value alone (optimistic work score).
+    c.score = c.value if t_ms is None else rate_score(c.value, c.slope, t_ms, waiting)
+    if t_ms is not None and decode.stall_total > 0.0:
+        # Priced stalls (docs/scheduling-utility.md): the decoders this graph leaves out owe the
+        # growth of their prices over T; a prompt row serves no decoder.
+        served_stall = float(decode.stall[members].sum()) if decode.stall is not None and m else 0.0
+        c.score -= stall_cost(decode.stall_total - served_stall, t_ms, decode.tau_ms)
+    c.lru = lru
+    served = m + (prompt is not None)
+    used = work + (m * shape.token_capacity if rows is None else sum(rows.tolist()))
+    extent, order = _constants(shape)
+    c.padding = extent - used
+    # The same tie-break order as every other candidate (policy.finish_candidate).
+    c.key = (t_ms is None, c.score, -(t_ms or 0.0), served, -c.lru, -c.padding, order)
+    return c
+
+
+@lru_cache(maxsize=1024)
+def _constants(shape) -> tuple[int, tuple]:
+    """A shape's packed extent and its tie-break tuple, computed once per shape."""
+    return shape.max_packed_extent, tuple(map(neg, shape.capacities()))
+
+
+_NO_WORK = np.zeros(64, dtype=np.int64)  # decode rows consume no prompt (at most 64 rows)
+_NO_WORK.setflags(write=False)
+
+
+def mixed_lanes(table, winner: MixedCandidate, view) -> PlanLanes:
+    """The winner's dense lane list (a PlanningView's pools): the prompt row first, then its
+    decode rows, each priced as its separate family prices it."""
+    t_ms = winner.t_ms or 0.0
+    drows = view.decode_rows[winner.members]
+    parts = []
+    if winner.prompt is not None:
+        prow = view.prefill[GraphKind.PREFILL][1][winner.prompt:winner.prompt + 1]
+        parts.append(prefill_lanes(table, prow, np.array([winner.prompt_work])))
+    if len(drows):
+        if winner.rows is None:
+            values = view.decode.base[winner.members] + view.decode.age_slope * t_ms
+            parts.append(decode_lanes(table, drows, values))
+        else:
+            values, expected = spec_row_values(view.decode, winner.members, winner.rows, t_ms)
+            parts.append(speculative_lanes(table, drows, winner.rows, expected, values, winner.rows))
+    if len(parts) == 1:
+        return parts[0]
+    return PlanLanes(**{f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(PlanLanes)})
+
+
+def spec_row_values(pool: LanePool, members: np.ndarray, rows: np.ndarray, t_ms: float):
+    """Scaled lane values and expected tokens of speculative decode rows at their full prefix."""
+    values, expected = [], []
+    for i, r in zip(members.tolist(), rows.tolist()):
+        gains = pool.extra_value[i] * pool.survival_alpha[i, : r - 1].sum()
+        values.append(float(pool.base[i] + gains + pool.age_slope * t_ms))
+        expected.append(expected_output(pool.survival[i], r))
+    return np.array(values), np.array(expected)

@@ -1,0 +1,28 @@
+"""Shared builders of the mixed-graph tests: shapes, measured catalogs, hand-set populations."""
+
+from __future__ import annotations
+
+from helios.graphs import GraphKind, GraphShape
+
+from conftest import MS, spec
+
+
+def mixed(b, c, w=1):
+    return GraphShape(GraphKind.MIXED, b, w, w - 1, 0, c)
+
+
+def decoders_and_prompts(s, decoders=2, prompts=(), out=50, age_ms=20):
+    """Admit `decoders` requests already decoding (prompt consumed, a publication `age_ms` ago)
+    and one prefilling request per entry of `prompts` (tokens left); returns both handle lists."""
+    now = s.now_ns
+    dec, pro = [], []
+    for _ in range(decoders):
+        h = s.admit(spec(prompt=64, out=out), now)
+        t, r = s.requests, s.requests.row(h)
+        t.prompt_done[r] = t.prompt_tokens[r]
+        t.last_publication_ns[r], t.has_publication[r] = now - age_ms * MS, True
+        t.update_phase([r])
+        dec.append(h)
+    for left in prompts:
+        pro.append(s.admit(spec(prompt=left, out=out), now))
+    return dec, pro
