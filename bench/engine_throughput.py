@@ -17,7 +17,28 @@ Printed: useful (output) tokens/s and its ratio to sequential, prompt+output tok
 p50 time to first token (admission to first token), and the graphs Helios ran.
 Target: >= 4x sequential output throughput at concurrency 16.
 
+Mixed-load row (issue 10): 8 decode streams run; once each has produced a few tokens, a long prompt
+(~1100 tokens) arrives. Helios runs it twice in one process, with and without the mixed catalog
+(`flare run --mixed-prefill`): the decoders' p99 inter-token gap (from the long prompt's arrival to
+the end: without mixed graphs every prompt chunk stalls every decoder), the long prompt's TTFT, and
+total (output) tokens/s over the whole row.
+
+Measured (2026-12-01, `--mixed-load-only --tokens 48`, one torch thread, the shared 2-core box at load
+average 15-19, a 1172-token prompt, two runs):
+                        gap p99   long TTFT   out tok/s   mixed graphs chosen
+  run 1  helios          14.1 s      71.4 s         2.3
+         --mixed-prefill  8.7 s      41.9 s         2.8     2 of 128
+  run 2  helios           5.5 s      55.6 s         3.2
+         --mixed-prefill 11.9 s      47.7 s         2.6     2 of 109
+The two runs disagree in sign: the row is dominated by the machine's load, and the scheduler chose mixed
+graphs twice per run, because on this CPU a mixed graph costs about its prefill plus its decode graph
+(timed directly: mixed[B=16,W=1,C=256] with 15 decode rows 6.7-7.0 s against prefill[B=1,C=256] 5.7-6.1 s
+plus decode[B=16] 1.0-1.1 s; the packed extent adds 15 positions to a compute-bound prefill, and a CPU decode
+graph is not weight-bandwidth-bound enough for the shared weight pass to save much). Mixed graphs are
+therefore not the default for `flare run`.
+
 Run: .venv/bin/python bench/engine_throughput.py [--tokens 32] [--requests 16] [--threads 1]
+     [--levels 1,4,16] [--mixed-load-only]
 """
 
 from __future__ import annotations
@@ -93,6 +114,66 @@ def helios(loaded, workload, tokens, concurrency):
     return [r.tokens for r in reqs], elapsed, ttft, graphs
 
 
+LONG_CONTEXT = 1536
+LONG_TOPICS = ["the water cycle", "photosynthesis", "plate tectonics", "the history of the printing press",
+               "how vaccines work", "the life cycle of stars", "ocean currents", "how bridges carry loads"]
+
+
+def long_prompt(tok, target=1100):
+    """A chat prompt of about `target` tokens (topic sentences repeated)."""
+    text, n = "", 0
+    while n < target:
+        text += " ".join(f"Summarize what you know about {t}, in plain words." for t in LONG_TOPICS) + " "
+        n = len(tok.encode(tok.apply_chat_template([{"role": "user", "content": text}])))
+    return tok.encode(tok.apply_chat_template([{"role": "user", "content": text}]))
+
+
+def mixed_load(loaded, decoders, long_ids, tokens, mixed):
+    """8 decode streams, then the long prompt: (decoder gap p99 s, long TTFT s, out tok/s, graphs)."""
+    core = TorchCore(loaded=loaded, request_slots=16, max_batch=16, max_context=LONG_CONTEXT,
+                     prefill_chunks=(64, 256), mixed_prefill=mixed)
+    scheduler = Scheduler(core.catalog, PolicyConfig(), core.scheduler_config())
+    driver = SyncDriver(scheduler, core)
+    warm_up(scheduler, core)
+    start = time.monotonic_ns()
+    handles = [driver.submit(ids, tokens) for ids in decoders]
+    # The long prompt arrives once every decoder is streaming (a few tokens each).
+    while min(len(driver.requests[h].tokens) for h in handles) < 4:
+        driver.step()
+    arrival = time.monotonic_ns()
+    long_handle = driver.submit(long_ids, 8)
+    seen = {h: len(driver.requests[h].tokens) for h in handles}
+    last = {h: arrival for h in handles}
+    gaps = []
+    while scheduler.snapshot().live:
+        driver.step()
+        now = time.monotonic_ns()
+        for h in handles:  # a decoder's gap: between two steps that gave it tokens
+            n = len(driver.requests[h].tokens)
+            if n > seen[h]:
+                gaps.append((now - last[h]) / 1e9)
+                seen[h], last[h] = n, now
+    elapsed = (time.monotonic_ns() - start) / 1e9
+    out = sum(len(r.tokens) for r in driver.requests.values())
+    req = driver.requests[long_handle]
+    graphs = Counter(p.shape.label() for p in driver.history)
+    p99 = statistics.quantiles(gaps, n=100)[98] if len(gaps) > 1 else float("nan")
+    return p99, (req.first_token_ns - req.admitted_ns) / 1e9, out / elapsed, graphs
+
+
+def print_mixed_load(loaded, tokens):
+    tok = loaded.tokenizer
+    decoders = prompts(tok, 8)
+    long_ids = long_prompt(tok)
+    print(f"\nmixed load: 8 decode streams (<= {tokens} tokens), then a {len(long_ids)}-token prompt")
+    print(f"{'':>22} {'gap p99':>9} {'long TTFT':>10} {'out tok/s':>10}")
+    for mixed in (False, True):
+        p99, ttft, rate, graphs = mixed_load(loaded, decoders, long_ids, tokens, mixed)
+        label = "helios --mixed-prefill" if mixed else "helios"
+        print(f"{label:>22} {p99:8.3f}s {ttft:9.3f}s {rate:10.1f}")
+        print(f"{'':>22} graphs: " + ", ".join(f"{k} x{v}" for k, v in sorted(graphs.items())))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=32)
@@ -101,12 +182,16 @@ def main():
     # One thread by default: on a shared 2-core box two OpenMP threads slow down 5-10x whenever
     # another process holds a core. 0 keeps torch's default.
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--mixed-load-only", action="store_true", help="only the mixed-load row")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     loaded = load_model()
     print(f"model loaded in {time.perf_counter() - t0:.1f} s; torch threads {torch.get_num_threads()}")
+    if args.mixed_load_only:
+        print_mixed_load(loaded, args.tokens)
+        return
     workload = prompts(loaded.tokenizer, args.requests)
     prompt_tokens = sum(map(len, workload))
 
@@ -129,6 +214,7 @@ def main():
               f"{(n + prompt_tokens) / secs:10.1f} {statistics.mean(ttft):9.3f}s "
               f"{statistics.median(ttft):8.3f}s  {sum(a == b for a, b in zip(outs, ref))}/{len(ref)}")
         print(f"{'':>12} graphs: " + ", ".join(f"{k} x{v}" for k, v in sorted(graphs.items())))
+    print_mixed_load(loaded, args.tokens)
 
 
 if __name__ == "__main__":

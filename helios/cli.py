@@ -14,7 +14,7 @@ def _sim(args: argparse.Namespace) -> int:
     if not args.demo:
         print("flare sim: choose --demo (trace-driven runs arrive with `flare sim report`)", file=sys.stderr)
         return 2
-    run_demo(requests=args.requests, seed=args.seed, steps=args.steps)
+    run_demo(requests=args.requests, seed=args.seed, steps=args.steps, mixed_prefill=args.mixed_prefill)
     return 0
 
 
@@ -28,7 +28,7 @@ def _sim_report(args: argparse.Namespace) -> int:
     from helios.sim.report import ReportConfig, quick, run_report
 
     cost_model = args.profile or args.cost_model
-    cfg = ReportConfig(setup=Setup(cost_model=cost_model))
+    cfg = ReportConfig(setup=Setup(cost_model=cost_model, mixed_prefill=args.mixed_prefill))
     if args.quick:
         cfg = quick(cfg)
     traces = args.traces
@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--requests", type=positive_int, default=8)
     sim.add_argument("--steps", type=positive_int, default=40)
     sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--mixed-prefill", action="store_true", help="--demo with the mixed prefill+decode catalog")
     sim.set_defaults(func=_sim)
     sim_sub = sim.add_subparsers(dest="sim_command")
     report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report")
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--jobs", type=positive_int,
                         help="worker processes (default: 2, or 1 on a 1-CPU machine); results do not change")
     report.add_argument("--quick", action="store_true", help="a tiny smoke configuration")
+    report.add_argument("--mixed-prefill", action="store_true",
+                        help="give the Helios schedulers the mixed prefill+decode catalog (baselines keep their own)")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)

@@ -26,6 +26,15 @@ class CostModel(Protocol):
 
 
 @runtime_checkable
+class ChunkedCostModel(CostModel, Protocol):
+    """A cost model that also knows the prompt tokens each active row consumes (`chunks`, one per
+    row of `context_lens`): packed prefill rows pay only their own tokens, and a mixed graph's prompt
+    row (chunk > 0) is told apart from its decode rows (chunk 0)."""
+
+    def chunked_duration_ns(self, shape: GraphShape, chunks: Sequence[int], context_lens: Sequence[int]) -> int: ...
+
+
+@runtime_checkable
 class PackedCostModel(CostModel, Protocol):
     """A cost model that can also price one packed varlen forward (GraphKind.PACKED): row i runs
     chunks[i] prompt tokens (0: one decode query) over context_lens[i] cached tokens."""

@@ -19,14 +19,15 @@ from helios.prepare import Capacities, build_catalog
 
 
 class AffineCost:
-    """decode ms = 2 + 0.05 B (+0.5 per extra verified position); prefill ms = 2 + 0.01 B C."""
+    """decode ms = 2 + 0.05 B (+0.5 per extra verified position); prefill ms = 2 + 0.01 B C;
+    mixed ms = the decode formula + 0.01 C for the prompt capacity."""
 
     def duration_ns(self, shape, context_lens) -> int:
         b = shape.batch_capacity
         if shape.kind.is_prefill:
             ms = 2 + 0.01 * b * shape.token_capacity
         else:
-            ms = 2 + 0.05 * b + 0.5 * (shape.token_capacity - 1)
+            ms = 2 + 0.05 * b + 0.5 * (shape.token_capacity - 1) + 0.01 * shape.prefill_capacity
         return int(ms * 1e6)
 
 

@@ -1,7 +1,11 @@
 """SimCore: a deterministic, seeded engine that executes plans against a cost model.
 
 Besides the prepared catalog it runs packed varlen forwards (GraphKind.PACKED), the way the baseline
-engines (vLLM, Sarathi-Serve) run an iteration, when the cost model can price them."""
+engines (vLLM, Sarathi-Serve) run an iteration, when the cost model can price them.
+
+Mixed graphs (the spec's "Mixed execution contract"): the prompt row (`plan.prefill_row`) consumes its
+chunk and samples one first token when the chunk ends its prompt; the other rows decode one token, or
+run copy-speculative verification like a speculative round when the shape has proposals."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from typing import Sequence
 
 import numpy as np
 
-from helios.engine.core import CostModel, Execution, PackedCostModel
+from helios.engine.core import ChunkedCostModel, CostModel, Execution, PackedCostModel
 from helios.errors import ConfigError, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
@@ -87,6 +91,10 @@ class SimCore:
             if not isinstance(self.cost_model, PackedCostModel):
                 raise ConfigError("cost_model", "this cost model cannot price a packed forward")
             base = self.cost_model.packed_duration_ns(plan.lanes.prompt_tokens.tolist(), contexts)
+        elif (plan.shape.kind.is_prefill or plan.shape.kind is GraphKind.MIXED) and isinstance(
+                self.cost_model, ChunkedCostModel):
+            # Packed prefill rows pay their own tokens; a mixed graph's prompt row is told from its decoders.
+            base = self.cost_model.chunked_duration_ns(plan.shape, plan.lanes.prompt_tokens.tolist(), contexts)
         else:
             base = self.cost_model.duration_ns(plan.shape, contexts)
         factor = 1.0 + self.noise * float(self._rng.standard_normal()) if self.noise else 1.0
@@ -98,6 +106,8 @@ class SimCore:
         duration = self.true_duration_ns(plan)
         if plan.shape.kind is GraphKind.SPECULATIVE:
             return self._round(plan, duration)
+        if plan.shape.kind is GraphKind.MIXED and plan.shape.proposal_depth:
+            return self._mixed_round(plan, duration)
         records = []
         for lane in plan.lanes:
             state = self._requests.setdefault(lane.handle, _SimRequest(None))
@@ -117,23 +127,45 @@ class SimCore:
 
     def _round(self, plan: ScheduledPlan, duration: int) -> Execution:
         """A complete speculative program: proposals, confidence, allocation, verification, commit."""
+        records, sidecar = self._speculate(plan, list(plan.lanes))
+        return Execution(tuple(records), self._timing(duration), duration, confidence=sidecar)
+
+    def _mixed_round(self, plan: ScheduledPlan, duration: int) -> Execution:
+        """A speculative mixed graph: the prompt row consumes its chunk (and samples a first token when
+        it finishes the prompt), the decode rows verify like a speculative round's lanes."""
+        row = plan.prefill_row
+        lanes = list(plan.lanes)
+        decoders = [lane for i, lane in enumerate(lanes) if i != row]
+        spec, _ = self._speculate(plan, decoders) if decoders else ([], None)
+        records = iter(spec)
+        out = []
+        for i, lane in enumerate(lanes):
+            if i == row:
+                state = self._requests.setdefault(lane.handle, _SimRequest(None))
+                tokens, eos = self._emit(state, lane.output_rows)
+                out.append(CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tokens, eos))
+            else:
+                out.append(next(records))
+        return Execution(tuple(out), self._timing(duration), duration)
+
+    def _speculate(self, plan: ScheduledPlan, lanes: list) -> tuple[list[CompletionRecord], np.ndarray | None]:
         depth = plan.shape.proposal_depth
         cond, joint = [], []
-        for lane in plan.lanes:
+        for lane in lanes:
             c = (self.acceptance.conditional(lane.handle, depth) if self.acceptance is not None and depth
                  else np.full(depth, 0.5))
             cond.append(np.asarray(c, dtype=float)[:depth])
             # The device's confidence is a noisy view of the true acceptance, causal by construction.
             p = np.clip(cond[-1] + self.confidence_noise * self._rng.standard_normal(depth), 0.0, 1.0)
             joint.append(np.cumprod(p))
-        ceilings = [lane.output_rows for lane in plan.lanes]
+        ceilings = [lane.output_rows for lane in lanes]
         if plan.device_allocation:
-            slots = [lane.slot if lane.slot is not None else i for i, lane in enumerate(plan.lanes)]
+            slots = [lane.slot if lane.slot is not None else i for i, lane in enumerate(lanes)]
             rows = device_allocate(joint, ceilings, slots, plan.shape.target_capacity)
         else:
             rows = ceilings
         records = []
-        for lane, r, c in zip(plan.lanes, rows, cond):
+        for lane, r, c in zip(lanes, rows, cond):
             accepted = 0
             while accepted < r - 1 and self._rng.random() < c[accepted]:
                 accepted += 1
@@ -144,12 +176,12 @@ class SimCore:
         sidecar = None
         if plan.device_allocation:
             sidecar = np.zeros(self.sidecar_shape, dtype=np.float32)
-            for lane, j in zip(plan.lanes, joint):
+            for lane, j in zip(lanes, joint):
                 if lane.slot is not None:
                     prev = np.concatenate([[1.0], j[:-1]])
                     sidecar[0, lane.slot, :depth] = np.divide(j, prev, out=np.zeros_like(j), where=prev > 0)
                     sidecar[1, lane.slot, :depth] = j
-        return Execution(tuple(records), self._timing(duration), duration, confidence=sidecar)
+        return records, sidecar
 
     def _timing(self, duration: int) -> ExecutionTiming:
         u = float(self._rng.random())
@@ -167,3 +199,4 @@ class SimCore:
                 odd = (None, 0, int(intervals[rank] * self._fault_rng.uniform(2.0, 10.0)))
                 intervals = intervals[:rank] + (odd[int(self._fault_rng.integers(3))],) + intervals[rank + 1:]
         return ExecutionTiming(intervals, self.readiness_ns or None, duration + self.readiness_ns + self.host_overhead_ns)
+

@@ -4,7 +4,8 @@ It loads a Llama-family GGUF (SmolLM2-135M-Instruct by default) through helios.e
 prepares one static-shape graph per catalog shape (torch_graphs), keeps each request's state
 (prompt, sampling options and generator, pending token, committed length; torch_state), and
 executes plans: prefill chunks, ordinary decode, and complete speculative rounds with copy
-proposals verified losslessly (sampling, proposals).
+proposals verified losslessly (sampling, proposals). Mixed graphs (one prompt chunk and decode rows)
+and prefill plans whose rows need packing run as one packed forward (torch_packed).
 
 Speculative KV invariant: a round writes K/V for the pending token and every draft. Only the
 pending token and the accepted drafts become valid (kv_len advances past them); the entries of
@@ -15,6 +16,7 @@ attend only to positions <= their own, so stale entries are never read.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import Sequence
@@ -27,6 +29,7 @@ from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, Wei
 from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, verify_sampled
 from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
+from helios.engine.torch_packed import PackedGraph, needs_packing
 from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, Stopping, validate_plan
 from helios.errors import ConfigError, InvalidRequest
 from helios.graphs import Catalog, GraphKind
@@ -74,7 +77,8 @@ class TorchCore:
                  speculation: SpeculationMode | str = SpeculationMode.OFF,
                  widths: Sequence[int] = (1, 2, 4), speculative_token_capacity: int = 16,
                  num_threads: int | None = None, device: str | torch.device = "cpu",
-                 loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32):
+                 loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32,
+                 mixed_prefill: bool = False):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
@@ -87,8 +91,10 @@ class TorchCore:
         # Fixed speculation verifies one width; adaptive lets every prepared width compete.
         # Copy proposals carry no device confidence, so both allocate rows on the host (no ragged).
         chosen = (max(widths),) if speculation is SpeculationMode.FIXED else tuple(widths)
+        # Mixed graphs only when asked (flare run --mixed-prefill), so existing catalogs stay as they are.
+        mixed = {"mixed_prefill": True} if mixed_prefill else {}
         self.capacities = Capacities(max_batch, tuple(prefill_chunks), speculation=speculation, widths=chosen,
-                                     speculative_token_capacity=speculative_token_capacity, ragged=False)
+                                     speculative_token_capacity=speculative_token_capacity, ragged=False, **mixed)
         catalog = build_catalog(self.capacities)
         self.catalog: Catalog = catalog
         # A row's padded tail runs up to (graph length - 1) positions past its real tokens, so
@@ -100,7 +106,11 @@ class TorchCore:
         with torch.device(self.device):
             self.cache = KVCache(self.config, request_slots, self.max_context + margin)
         self.request_slots = request_slots
-        self.graphs = {s: PreparedGraph(s, self.cache.scratch_slot, self.device) for s in catalog}
+        self.graphs = {s: PreparedGraph(s, self.cache.scratch_slot, self.device) for s in catalog
+                       if s.kind is not GraphKind.MIXED}
+        # Packed graphs (mixed shapes, prefill shapes whose rows need packing) run eagerly: their
+        # per-row attention follows the query lengths, which a CUDA graph would freeze. Built on first use.
+        self.packed: dict = {}
         self.captured = self.device.type == "cuda" and all(
             [g.capture(self.model, self.cache) for g in self.graphs.values()])
         self.requests: dict[RequestHandle, CoreRequest] = {}
@@ -119,6 +129,8 @@ class TorchCore:
         """Run the prepared graph `shape` once on padding rows only (the scratch slot: no request
         state changes) with every row's queries from KV position `context` on, and return the
         measured interval in ns (see helios.server.warmup for how a server seeds costs)."""
+        if shape.kind is GraphKind.MIXED:
+            return self._time_packed(shape, context)
         graph = self.graphs[shape]
         start = max(0, min(context, self.cache.max_context - graph.length))
         rows = [RowWork(self.cache.scratch_slot, (PAD_TOKEN,) * graph.length, start, True)] * graph.batch
@@ -132,7 +144,7 @@ class TorchCore:
     def warmup(self, repeats: int = 2) -> dict:
         """Run every prepared graph `repeats` times on padding rows only and return each shape's
         fastest interval in ns."""
-        return {shape: min(self.time_graph(shape) for _ in range(repeats)) for shape in self.graphs}
+        return {shape: min(self.time_graph(shape) for _ in range(repeats)) for shape in self.catalog}
 
     # ---- requests ------------------------------------------------------------------------------
     def attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
@@ -164,6 +176,8 @@ class TorchCore:
     # ---- execution -----------------------------------------------------------------------------
     def execute(self, plan: ScheduledPlan, fence: Fence) -> Execution:
         works = validate_plan(plan, self.requests, self._free_slots, self.catalog, self.max_context)
+        if needs_packing(plan):
+            return self._execute_packed(plan, works)
         graph = self.graphs[plan.shape]
         timer = _Timer(self.device)
         kind = plan.shape.kind
@@ -188,8 +202,61 @@ class TorchCore:
         duration = timer.stop()
         self.last_packing = packing
         offered = [len(d) for d in drafts] if kind is GraphKind.SPECULATIVE else [None] * len(works)
-        records = tuple(self._commit(w, out, kind, k) for w, out, k in zip(works, outputs, offered))
+        records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
         return Execution(records, ExecutionTiming((duration,), None, None), duration)
+
+    def _packed_graph(self, shape) -> PackedGraph:
+        if shape not in self.packed:
+            self.packed[shape] = PackedGraph(shape, self.cache.scratch_slot, self.device)
+        return self.packed[shape]
+
+    def _execute_packed(self, plan: ScheduledPlan, works: list[LaneWork]) -> Execution:
+        """A mixed graph (one prompt row, decode or copy-speculative rows) or a prefill plan whose rows
+        need packing, as ONE packed forward laid out by prefix sums (torch_packed)."""
+        graph = self._packed_graph(plan.shape)
+        timer = _Timer(self.device)
+        prompt = frozenset(i for i, w in enumerate(works) if w.lane.prompt_tokens)
+        # Decode rows verify like a speculative round's lanes when the core speculates (copy proposals;
+        # width one verifies the pending token alone), else they sample one token.
+        verify = self.speculation is not SpeculationMode.OFF
+        drafts = [copy_proposals(w.request.context(), w.lane.output_rows - 1) if verify and i not in prompt
+                  else [] for i, w in enumerate(works)]
+        rows = [RowWork(w.slot, w.request.prompt[w.lane.prompt_start: w.lane.prompt_start + w.lane.prompt_tokens],
+                        w.lane.prompt_start, w.finishes_prompt) if i in prompt
+                else RowWork(w.slot, (w.request.pending, *d), w.request.kv_len, True)
+                for i, (w, d) in enumerate(zip(works, drafts))]
+        packing = graph.pack(rows, prompt)
+        with torch.inference_mode():
+            logits = graph.forward(self.model, self.cache)  # [B, S, V] at each row's sampled positions
+            # The row sampling mask: a prompt row samples only when it finishes; verified rows sample below.
+            mask = tuple(m and not (verify and b < len(works) and b not in prompt)
+                         for b, m in enumerate(packing.sample_mask))
+            outputs = self._sample(works, logits[:, 0], dataclasses.replace(packing, sample_mask=mask))
+            if verify:
+                decoders = [i for i in range(len(works)) if i not in prompt]
+                verified = self._verify([works[i] for i in decoders], [drafts[i] for i in decoders],
+                                        logits[decoders])
+                for i, out in zip(decoders, verified):
+                    outputs[i] = out
+        duration = timer.stop()
+        self.last_packing = packing
+        offered = [len(d) if verify and i not in prompt else None for i, d in enumerate(drafts)]
+        records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
+        return Execution(records, ExecutionTiming((duration,), None, None), duration)
+
+    def _time_packed(self, shape, context: int) -> int:
+        """Time a mixed graph on scratch rows only: a full prompt row and full decode rows."""
+        graph = self._packed_graph(shape)
+        w, c = shape.token_capacity, shape.prefill_capacity
+        start = max(0, min(context, self.cache.max_context - c))
+        scratch = self.cache.scratch_slot
+        rows = [RowWork(scratch, (PAD_TOKEN,) * c, start, True)]
+        rows += [RowWork(scratch, (PAD_TOKEN,) * w, start, True)] * (shape.batch_capacity - 1)
+        timer = _Timer(self.device)
+        graph.pack(rows, frozenset({0}))
+        with torch.inference_mode():
+            graph.forward(self.model, self.cache)[:, 0].argmax(-1).tolist()
+        return timer.stop()
 
     def _sample(self, works: list[LaneWork], logits: torch.Tensor, packing: Packing) -> list[list[int]]:
         n = len(works)
@@ -215,7 +282,7 @@ class TorchCore:
                 out.append(verify_sampled(logits[b, : len(d) + 1], d, opts, w.request.generator))
         return out
 
-    def _commit(self, w: LaneWork, tokens: list[int], kind: GraphKind, offered: int | None) -> CompletionRecord:
+    def _commit(self, w: LaneWork, tokens: list[int], offered: int | None) -> CompletionRecord:
         """Advance the request's state by what the execution produced; build its record."""
         r, lane = w.request, w.lane
         if w.new_slot:
@@ -226,7 +293,7 @@ class TorchCore:
         end = r.stopping.first_terminal(tokens)
         if end is not None:
             tokens = tokens[: end + 1]  # nothing after EOS (or a stop token id) is output
-        if kind.is_prefill:
+        if lane.prompt_tokens:  # a prompt chunk (validated: only prefill and mixed prompt rows carry one)
             r.kv_len += lane.prompt_tokens
         else:
             r.kv_len += len(tokens)  # the old pending token and the accepted drafts

@@ -101,8 +101,9 @@ def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_sl
         raise PlanMismatch("a plan needs at least one lane")
     if len(plan.lanes) > shape.batch_capacity:
         raise PlanMismatch(f"{len(plan.lanes)} lanes exceed batch capacity {shape.batch_capacity}")
-    if shape.kind is GraphKind.SPECULATIVE and plan.device_allocation:
+    if shape.kind in (GraphKind.SPECULATIVE, GraphKind.MIXED) and plan.device_allocation:
         raise PlanMismatch("TorchCore allocates target rows on the host only (fixed speculation)")
+    prompt_rows = _prompt_rows(plan)
     free = list(free_slots)
     seen_handles, seen_slots, works = set(), set(), []
     for lane in plan.lanes:
@@ -119,7 +120,7 @@ def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_sl
             if r.scheduler_slot is not None and lane.slot != r.scheduler_slot:
                 raise PlanMismatch(f"request {lane.handle}: lane slot {lane.slot}, but the request "
                                    f"runs in scheduler slot {r.scheduler_slot}")
-        elif r.slot is not None or r.kv_len or not shape.kind.is_prefill:
+        elif r.slot is not None or r.kv_len or not lane.prompt_tokens:
             raise PlanMismatch(f"request {lane.handle}: slot None on a resident request "
                                "(only a first prefill chunk may precede slot assignment)")
         if r.slot is None:
@@ -128,17 +129,36 @@ def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_sl
             slot, new = free.pop(), True
         else:
             slot, new = r.slot, False
-        check = _check_prefill if shape.kind.is_prefill else _check_decode
-        works.append(check(lane, r, shape, max_context, slot, new))
+        if len(works) in prompt_rows:
+            works.append(_check_prefill(lane, r, shape, max_context, slot, new))
+        else:
+            works.append(_check_decode(lane, r, shape, max_context, slot, new))
     return works
+
+
+def _prompt_rows(plan: ScheduledPlan) -> frozenset[int]:
+    """Indices of the lanes that consume prompt tokens: every lane of a prefill plan (packed by prefix
+    sums within B x C), the prompt row of a mixed plan (ScheduledPlan already holds a mixed plan to
+    at most one prompt row within C and decode rows within W)."""
+    shape, prompt = plan.shape, plan.lanes.prompt_tokens.tolist()
+    if shape.kind.is_prefill:
+        if sum(prompt) > shape.batch_capacity * shape.token_capacity:
+            raise PlanMismatch(f"{sum(prompt)} prompt tokens exceed {shape.label()}'s packed capacity "
+                               f"{shape.batch_capacity * shape.token_capacity}")
+        return frozenset(range(len(prompt)))
+    row = plan.prefill_row
+    return frozenset() if row is None else frozenset({row})  # _check_decode names stray prompt tokens
 
 
 def _check_prefill(lane: Lane, r: CoreRequest, shape, max_context: int, slot: int, new: bool) -> LaneWork:
     h, start, n = lane.handle, lane.prompt_start, lane.prompt_tokens
     if r.generated:
         raise PlanMismatch(f"request {h}: prefill after its prompt was consumed")
-    if not 1 <= n <= shape.token_capacity:
-        raise PlanMismatch(f"request {h}: {n} prompt tokens in a {shape.token_capacity}-token chunk")
+    # Prefill rows are packed by prefix sums (the plan's total is checked once); a mixed prompt row
+    # holds up to prefill_capacity tokens.
+    capacity = shape.prefill_capacity if shape.kind is GraphKind.MIXED else shape.batch_capacity * shape.token_capacity
+    if not 1 <= n <= capacity:
+        raise PlanMismatch(f"request {h}: {n} prompt tokens in a {capacity}-token chunk")
     if start != r.kv_len or lane.context_tokens != r.kv_len:
         raise PlanMismatch(f"request {h}: prefill from prompt offset {start} with context "
                            f"{lane.context_tokens}, but the core holds {r.kv_len} tokens")
@@ -165,7 +185,7 @@ def _check_decode(lane: Lane, r: CoreRequest, shape, max_context: int, slot: int
         raise PlanMismatch(f"request {h}: {rows} output rows in a graph of width {shape.token_capacity}")
     # The pending token sits at position kv_len, so the lane's context counts it. A round
     # queued behind another round plans with that round's ceiling: an upper bound.
-    exact = shape.kind is GraphKind.DECODE
+    exact = shape.kind is GraphKind.DECODE or (shape.kind is GraphKind.MIXED and not shape.proposal_depth)
     if (lane.context_tokens != r.kv_len + 1) if exact else (lane.context_tokens < r.kv_len + 1):
         raise PlanMismatch(f"request {h}: lane context {lane.context_tokens}, but the core holds "
                            f"{r.kv_len} tokens plus the pending one")

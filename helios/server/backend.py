@@ -19,6 +19,7 @@ from helios.baselines import SCHEDULERS, make_scheduler
 from helios.config import SpeculationMode, preset
 from helios.engine.echo_core import EchoSimCore
 from helios.errors import ConfigError
+from helios.graphs import GraphKind
 from helios.prepare import Capacities, prefill_chunks
 from helios.server.warmup import WarmupReport, warm_up
 
@@ -44,6 +45,7 @@ class EngineOptions:
     warmup: bool = True  # torch engine: time every prepared graph before serving
     weights: str = "fp32"  # torch engine: fp32 (reference tokens) or int8 (faster, other tokens)
     tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
+    mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
 
 
 @dataclass(slots=True)
@@ -59,6 +61,24 @@ class Backend:
     vocab_size: int
     options: EngineOptions
     warmup: WarmupReport | None = None  # the torch engine's startup timings
+
+    def describe_catalog(self) -> str:
+        """The startup planning line: prepared graphs by kind and, with mixed graphs, the largest
+        packed extent among them (the most tokens one mixed forward carries)."""
+        return describe_catalog(self.core.catalog)
+
+
+def describe_catalog(catalog) -> str:
+    kinds: dict[str, int] = {}
+    for shape in catalog:
+        kinds[shape.kind.value] = kinds.get(shape.kind.value, 0) + 1
+    text = f"catalog of {len(catalog)} graphs: " + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    mixed = catalog.of_kind(GraphKind.MIXED)
+    if mixed:
+        # C + (B - 1) W: one full prompt row plus full decode rows.
+        extent = max(s.prefill_capacity + (s.batch_capacity - 1) * s.token_capacity for s in mixed)
+        text += f"; maximum packed extent {extent} tokens"
+    return text
 
 
 def build_backend(options: EngineOptions) -> Backend:
@@ -81,7 +101,8 @@ def build_backend(options: EngineOptions) -> Backend:
         # Adaptive sim rounds include ragged programs, so the device-allocation path is served too.
         capacities = Capacities(options.slots, chunks, speculation=speculation, widths=(1, 2, 4),
                                 speculative_token_capacity=options.speculative_token_capacity,
-                                ragged=speculation is SpeculationMode.ADAPTIVE)
+                                ragged=speculation is SpeculationMode.ADAPTIVE,
+                                **({"mixed_prefill": True} if options.mixed_prefill else {}))
         core, model_id = EchoSimCore(capacities, request_slots=options.slots, max_context=options.max_context,
                                      pace=options.sim_pace), "helios-sim"
     elif options.engine == "torch":
@@ -125,7 +146,8 @@ def _torch_core(options, speculation, chunks):
         raise ConfigError("model", f"no such model file: {path}")
     kwargs = dict(request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
                   max_batch=options.slots, speculation=speculation,
-                  speculative_token_capacity=options.speculative_token_capacity, device=options.device)
+                  speculative_token_capacity=options.speculative_token_capacity, device=options.device,
+                  mixed_prefill=options.mixed_prefill)
     if options.tensor_parallel > 1:
         from helios.engine.tensor_parallel import TensorParallelCore
 

@@ -74,6 +74,8 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="speculative decoding with copy proposals (default off)")
     g.add_argument("--speculative-token-capacity", type=positive_int, default=16,
                    help="R: aggregate target rows of a speculative program (default 16)")
+    g.add_argument("--mixed-prefill", action="store_true",
+                   help="also prepare mixed graphs: one prompt chunk and the decode rows in one forward")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip timing every prepared graph at startup (costs are then discovered on demand)")
     g = run.add_argument_group("scheduler")
@@ -115,7 +117,7 @@ def run(args: argparse.Namespace) -> int:
             prefill_capacity=args.prefill_capacity,
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
-            tensor_parallel=args.tensor_parallel)
+            tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill)
         backend = build_backend(options)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)
@@ -131,6 +133,7 @@ def run(args: argparse.Namespace) -> int:
     # Startup figures go to stderr once the engine is up (an invalid flag stays a one-line error).
     if capacity is not None:
         print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
+    print(f"flare: {backend.describe_catalog()}", file=sys.stderr, flush=True)
     if backend.warmup is not None:
         print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,

@@ -83,7 +83,8 @@ def linear_tokens(shape: GraphShape) -> int:
     if kind is GraphKind.SPECULATIVE:
         return shape.target_capacity  # = B x W for rectangular programs
     if kind is GraphKind.MIXED:
-        return shape.target_capacity + shape.prefill_capacity
+        # The maximum packed extent: the prompt row holds up to C tokens, every other row up to W.
+        return shape.prefill_capacity + (shape.batch_capacity - 1) * shape.token_capacity
     raise ConfigError("shape.kind", f"no timing model for {kind.value} graphs")
 
 
@@ -92,14 +93,17 @@ class VidurCostModel:
 
     duration = overhead + emb(n) + layers * (linear(n) + comm_per_token * n + attention)
     where n = linear_tokens(shape). Attention by kind, for the active rows:
-      prefill      one equivalent row (vidur_tables.equivalent_prefill_row) of W-token chunks over each KV
+      prefill      one equivalent row (vidur_tables.equivalent_prefill_row) of each row's chunk over its KV:
+                   W tokens per row unless `chunks` says what each packed row really consumes
       decode       attn_decode(active rows, mean KV), as Vidur does
       speculative  verification reads each row's KV once for its W queries (memory-bound), so: decode
                    attention at mean KV + W - 1, times (1 + q * (W - 1)), where q is the profiled cost of
                    one more query per row: (prefill at chunk 64 / decode at batch 1 - 1) / 63, averaged
                    over the KV lengths both tables cover (`verify_query_cost`)
-      mixed        the decode part as speculative (W = 1: plain decode) plus one prefill chunk of
-                   prefill_capacity tokens over `prefill_context` cached tokens
+      mixed        the decode rows (chunk 0) as speculative (W = 1: plain decode) plus prefill attention of the
+                   prompt row's chunk over its KV; without `chunks`, every active row decodes and one full
+                   prefill_capacity chunk over nothing cached stands for the prompt row
+    `chunks` (optional, one per active row) are the prompt tokens each row consumes.
     """
 
     def __init__(self, profile: VidurProfile, linear: LinearOpsTable, decode: DecodeAttentionTable,
@@ -186,23 +190,33 @@ class VidurCostModel:
         c_eq, kv_eq = equivalent_prefill_row(chunks, kvs)
         return self.prefill.ms(c_eq, kv_eq) * self.profile.attention_scale
 
-    def attention_ms(self, shape: GraphShape, context_lens: Sequence[int], prefill_context: int = 0) -> float:
-        a = len(context_lens)
-        mean_kv = sum(context_lens) / a if a else 0.0
-        kind = shape.kind
+    def attention_ms(self, shape: GraphShape, context_lens: Sequence[int],
+                     chunks: Sequence[int] | None = None) -> float:
+        kind, w = shape.kind, shape.token_capacity
         if kind.is_prefill:
-            w = shape.token_capacity
-            return self.prefill_attention_ms([w] * a, list(context_lens)) if a else 0.0
-        w = shape.token_capacity
+            # Packed rows pay for their own tokens; without `chunks` each row is a full W-token chunk.
+            rows = [w] * len(context_lens) if chunks is None else list(chunks)
+            return self.prefill_attention_ms(rows, list(context_lens)) if context_lens else 0.0
+        prompt: list[tuple[int, int]] = []
+        decode = list(context_lens)
+        if kind is GraphKind.MIXED:
+            if chunks is None:
+                prompt = [(shape.prefill_capacity, 0)]
+            else:
+                prompt = [(c, k) for c, k in zip(chunks, context_lens) if c > 0]
+                decode = [k for c, k in zip(chunks, context_lens) if c <= 0]
         t = 0.0
-        if a:
-            t = self.decode_attention_ms(a, mean_kv + w - 1) * (1 + self.verify_query_cost * (w - 1))
-        if kind is GraphKind.MIXED and shape.prefill_capacity:
-            t += self.prefill_attention_ms([shape.prefill_capacity], [prefill_context])
+        if decode:
+            mean_kv = sum(decode) / len(decode)
+            # W verification queries per row read the row's KV once: decode attention at KV + W - 1,
+            # plus the profiled cost q of each extra query.
+            t = self.decode_attention_ms(len(decode), mean_kv + w - 1) * (1 + self.verify_query_cost * (w - 1))
+        # The prompt row's causal chunk over its own cached prefix (at most one per mixed graph).
+        t += sum(self.prefill_attention_ms([c], [k]) for c, k in prompt)
         return t
 
     def breakdown_ms(self, shape: GraphShape, context_lens: Sequence[int], *,
-                     prefill_context: int = 0) -> dict[str, float]:
+                     chunks: Sequence[int] | None = None) -> dict[str, float]:
         n = linear_tokens(shape)
         layers = self.profile.layers
         return {
@@ -210,15 +224,18 @@ class VidurCostModel:
             "embedding": self.linear.emb_ms(n),
             "linear": layers * self.linear.layer_ms(n),
             "comm": layers * self.comm_ms_per_token_layer * n,
-            "attention": layers * self.attention_ms(shape, context_lens, prefill_context),
+            "attention": layers * self.attention_ms(shape, context_lens, chunks),
         }
 
-    def duration_ns(self, shape: GraphShape, context_lens: Sequence[int], *, prefill_context: int = 0) -> int:
-        """Graph time; for mixed graphs `prefill_context` is the KV length before the prompt chunk."""
-        if len(context_lens) > shape.batch_capacity:
-            raise ConfigError("context_lens", f"{len(context_lens)} active rows exceed B={shape.batch_capacity}")
-        total = sum(self.breakdown_ms(shape, context_lens, prefill_context=prefill_context).values())
+    def duration_ns(self, shape: GraphShape, context_lens: Sequence[int], *,
+                    chunks: Sequence[int] | None = None) -> int:
+        """Graph time; `chunks` are the active rows' prompt tokens (prefill and mixed graphs)."""
+        _check_rows(shape, context_lens, chunks)
+        total = sum(self.breakdown_ms(shape, context_lens, chunks=chunks).values())
         return int(round(total * NS_PER_MS))
+
+    def chunked_duration_ns(self, shape: GraphShape, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
+        return self.duration_ns(shape, context_lens, chunks=chunks)
 
 
     def packed_breakdown_ms(self, chunks: Sequence[int], context_lens: Sequence[int]) -> dict[str, float]:
@@ -243,6 +260,23 @@ class VidurCostModel:
         """Time of one packed varlen forward (see `packed_breakdown_ms`)."""
         _check_packed(chunks, context_lens)
         return int(round(sum(self.packed_breakdown_ms(chunks, context_lens).values()) * NS_PER_MS))
+
+
+def _check_rows(shape: GraphShape, context_lens: Sequence[int], chunks: Sequence[int] | None) -> None:
+    if len(context_lens) > shape.batch_capacity:
+        raise ConfigError("context_lens", f"{len(context_lens)} active rows exceed B={shape.batch_capacity}")
+    if chunks is None:
+        return
+    if len(chunks) != len(context_lens):
+        raise ConfigError("chunks", f"{len(chunks)} chunks for {len(context_lens)} active rows")
+    if shape.kind.is_prefill and sum(chunks) > linear_tokens(shape):
+        raise ConfigError("chunks", f"{sum(chunks)} packed prompt tokens exceed {shape.label()}'s "
+                          f"{linear_tokens(shape)}")
+    if shape.kind is GraphKind.MIXED:
+        prompt = [c for c in chunks if c > 0]
+        if len(prompt) > 1 or any(c > shape.prefill_capacity for c in prompt):
+            raise ConfigError("chunks", f"a mixed graph has one prompt row of at most "
+                              f"{shape.prefill_capacity} tokens, got {prompt}")
 
 
 def _check_packed(chunks: Sequence[int], context_lens: Sequence[int]) -> None:
@@ -326,8 +360,9 @@ class SyntheticCostModel:
     """A documented affine model for tests (all times in ns; a, b, c below).
 
     decode, speculative  a_dec + b_dec * n + c_kv * sum(ctx * W) / 1000
-    prefill              a_pre + b_pre * n + c_pair * sum(W * (ctx + W / 2)) / 1e6
-    mixed                the decode formula on B x W tokens, plus b_pre per prompt token and its pairs
+    prefill              a_pre + b_pre * n + c_pair * sum(c * (ctx + c / 2)) / 1e6, c = W or the row's chunk
+    mixed                a_dec + b_dec (B - 1) W + c_kv sum(decode ctx * W) / 1000 + b_pre C
+                         + c_pair c (ctx + c / 2) / 1e6 for the prompt row (c = C over 0 without chunks)
     snapshot, restore    a_state; vision a_pre + b_pre * B * W
     n = linear_tokens(shape) (physical, padded) so padding always costs; context terms use active rows.
     """
@@ -352,24 +387,35 @@ class SyntheticCostModel:
         return cls(a_dec=6_900_000, b_dec=60_000, c_kv=40_000, a_pre=5_000_000, b_pre=40_000,
                    c_pair=1_300_000, a_state=500_000)
 
-    def duration_ns(self, shape: GraphShape, context_lens: Sequence[int], *, prefill_context: int = 0) -> int:
+    def duration_ns(self, shape: GraphShape, context_lens: Sequence[int], *,
+                    chunks: Sequence[int] | None = None) -> int:
         kind, w = shape.kind, shape.token_capacity
-        if len(context_lens) > shape.batch_capacity:
-            raise ConfigError("context_lens", f"{len(context_lens)} active rows exceed B={shape.batch_capacity}")
+        _check_rows(shape, context_lens, chunks)
         if kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
             return int(round(self.a_state))
         if kind is GraphKind.VISION:
             return int(round(self.a_pre + self.b_pre * shape.batch_capacity * w))
         if kind.is_prefill:
-            pairs = sum(w * (c + w / 2) for c in context_lens)
+            rows = [w] * len(context_lens) if chunks is None else chunks
+            pairs = sum(c * (k + c / 2) for c, k in zip(rows, context_lens))
             t = self.a_pre + self.b_pre * linear_tokens(shape) + self.c_pair * pairs / 1e6
             return int(round(t))
-        kv = sum(context_lens) * w
-        t = self.a_dec + self.b_dec * shape.target_capacity + self.c_kv * kv / 1000
-        if kind is GraphKind.MIXED and shape.prefill_capacity:
-            c = shape.prefill_capacity
-            t += self.b_pre * c + self.c_pair * c * (prefill_context + c / 2) / 1e6
+        decode, prompt = list(context_lens), []
+        if kind is GraphKind.MIXED:
+            prompt = [(shape.prefill_capacity, 0)]
+            if chunks is not None:
+                prompt = [(c, k) for c, k in zip(chunks, context_lens) if c > 0]
+                decode = [k for c, k in zip(chunks, context_lens) if c <= 0]
+        # Mixed: the decode formula on the (B - 1) x W decode rows, b_pre on the C prompt positions.
+        rows = shape.target_capacity if kind is not GraphKind.MIXED else (shape.batch_capacity - 1) * w
+        t = self.a_dec + self.b_dec * rows + self.c_kv * sum(decode) * w / 1000
+        if kind is GraphKind.MIXED:
+            t += self.b_pre * shape.prefill_capacity
+            t += sum(self.c_pair * c * (k + c / 2) / 1e6 for c, k in prompt)
         return int(round(t))
+
+    def chunked_duration_ns(self, shape: GraphShape, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
+        return self.duration_ns(shape, context_lens, chunks=chunks)
 
     def packed_duration_ns(self, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
         """One varlen forward: the decode formula's fixed part once, b_dec per decode row, the prefill

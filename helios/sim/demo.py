@@ -6,7 +6,7 @@ import numpy as np
 
 from helios.config import SchedulerConfig
 from helios.engine.sim_core import SimCore
-from helios.prepare import ordinary_catalog
+from helios.prepare import Capacities, build_catalog
 from helios.scheduler import RequestSpec, Scheduler
 from helios.sim.costmodel import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation, StepLog
@@ -19,8 +19,8 @@ def _line(step: StepLog) -> str:
             f"measured {step.measured_ns / 1e6:7.2f} ms  rate {step.value_rate:10.4g}  cohort [{handles}]")
 
 
-def run_demo(requests: int = 8, seed: int = 0, steps: int = 40) -> Simulation:
-    catalog = ordinary_catalog(max_batch=16, prefill_chunks=(64, 256, 1024), max_prefill_tokens=1024)
+def run_demo(requests: int = 8, seed: int = 0, steps: int = 40, mixed_prefill: bool = False) -> Simulation:
+    catalog = build_catalog(Capacities(16, (64, 256, 1024), max_prefill_tokens=1024, mixed_prefill=mixed_prefill))
     scheduler = Scheduler(catalog, config=SchedulerConfig(request_slots=16, kv_pages=1 << 14))
     core = SimCore(catalog, SyntheticCostModel.realistic_small(), seed=seed, noise=0.05)
     rng = np.random.default_rng(seed)

@@ -18,6 +18,7 @@ import numpy as np
 
 from helios.baselines import make_scheduler
 from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, preset
+from helios.engine.core import ChunkedCostModel
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
@@ -31,6 +32,7 @@ from helios.sim.traces import TraceRequest, load_azure_conv, load_mooncake, mult
 
 TRACES = ("azure", "mooncake", "multi")
 SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs", "sarathi", "vtc", "direct")
+HELIOS_SCHEDULERS = ("helios", "helios-balanced", "helios-throughput", "helios-spec")
 # helios-spec: Helios balanced with adaptive speculation (learned proposals whose acceptance follows the
 # MT-Bench EAGLE curve with per-request variation). Proposal compute is not in the cost model.
 SPEC_WIDTHS = range(1, 6)
@@ -51,16 +53,24 @@ class Setup:
     noise: float = 0.03  # multiplicative timing noise of SimCore
     warmup: bool = True
     warmup_context: int = 1024  # KV length of every active row in the warm-up measurements
+    mixed_prefill: bool = False  # Helios schedulers also get the mixed catalog; baselines never do
 
-    def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF) -> Capacities:
+    def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
         # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
         # with speculation, programs of every width in SPEC_WIDTHS (ragged past R) replace ordinary decode.
+        # `mixed` adds the mixed prefill+decode catalog (helios.prepare's mixed_shapes rule).
+        extra = {"mixed_prefill": True} if mixed else {}
         return Capacities(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks),
                           speculation=speculation, widths=tuple(SPEC_WIDTHS),
-                          speculative_token_capacity=SPEC_TOKEN_CAPACITY)
+                          speculative_token_capacity=SPEC_TOKEN_CAPACITY, **extra)
 
-    def catalog(self, speculation: SpeculationMode = SpeculationMode.OFF) -> Catalog:
-        return build_catalog(self.capacities(speculation))
+    def catalog(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Catalog:
+        return build_catalog(self.capacities(speculation, mixed))
+
+    def mixed_for(self, scheduler: str) -> bool:
+        """Whether `scheduler` runs with the mixed catalog: Helios with --mixed-prefill. vLLM, Sarathi-Serve,
+        VTC and direct keep their own rules: Helios's catalog choices are never imposed on them."""
+        return self.mixed_prefill and scheduler.partition("[")[0] in HELIOS_SCHEDULERS  # variants too
 
     def config(self) -> SchedulerConfig:
         # Requests reserve their whole extent (prompt + max output) when first scheduled, so the page pool
@@ -108,7 +118,7 @@ def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     """A scheduler by report name: helios-balanced, helios-throughput (or helios), a Helios variant
     (`split_variant`), or a baseline."""
     name, overrides = split_variant(name)
-    if name in ("helios", "helios-balanced", "helios-throughput", "helios-spec"):
+    if name in HELIOS_SCHEDULERS:
         policy = replace(preset("throughput" if name.endswith("throughput") else "balanced"), **overrides)
         return make_scheduler("helios", catalog, policy, config)
     if overrides:
@@ -255,10 +265,17 @@ def warm_up(scheduler, catalog: Catalog, model: CostModel, context: int) -> None
     """Measure every graph once before the trace, as the spec's discovery would, but off the clock: one
     full-occupancy sample per shape (decode rows at `context`, prefill with nothing cached) at t=0."""
     def full(shape) -> list[int]:
-        ctx = context if shape.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE) else 0
+        ctx = context if shape.kind in (GraphKind.DECODE, GraphKind.SPECULATIVE, GraphKind.MIXED) else 0
         return [ctx] * shape.batch_capacity
 
-    scheduler.seed_costs({shape: [model.duration_ns(shape, full(shape))] for shape in catalog}, 0)
+    def sample(shape) -> int:
+        if shape.kind is GraphKind.MIXED and isinstance(model, ChunkedCostModel):
+            # A full prompt row over nothing cached, every other row decoding at `context`.
+            rows = shape.batch_capacity - 1
+            return model.chunked_duration_ns(shape, [shape.prefill_capacity] + [0] * rows, [0] + [context] * rows)
+        return model.duration_ns(shape, full(shape))
+
+    scheduler.seed_costs({shape: [sample(shape)] for shape in catalog}, 0)
 
 
 def to_arrivals(requests: Sequence[TraceRequest]) -> list[Arrival]:
@@ -282,7 +299,8 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
     speculation = SpeculationMode.ADAPTIVE if split_variant(scheduler)[0] == "helios-spec" else SpeculationMode.OFF
-    catalog, config = setup.catalog(speculation), replace(setup.config(), speculation=speculation)
+    catalog = setup.catalog(speculation, setup.mixed_for(scheduler))
+    config = replace(setup.config(), speculation=speculation)
     acceptance = AcceptanceModel(seed=seed) if speculation is SpeculationMode.ADAPTIVE else None
     model = load_cost_model(setup.cost_model)
     sched = build_scheduler(scheduler, catalog, config)

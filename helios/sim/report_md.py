@@ -71,6 +71,9 @@ def _setup_lines(cfg) -> list[str]:
         f"graphs (B x C) with C in {', '.join(map(str, s.prefill_chunks))} and B x C <= {max(s.prefill_chunks)}.",
         f"- **Resources** {s.request_slots} request slots, {s.config().kv_pages} KV pages of {s.page_tokens} tokens "
         f"(every slot at its full {s.max_context}-token context, so page reservation never binds).",
+        "- **Mixed graphs** " + ("on for the Helios schedulers (`--mixed-prefill`: the mixed prefill+decode catalog "
+                                 "is added to theirs); the baselines keep their own rules." if s.mixed_prefill else
+                                 "off: Helios runs separate prefill and decode graphs."),
         "- **Warm-up** " + ("every graph measured once before the trace (off the clock), for every scheduler."
                             if s.warmup else "none: graphs are discovered during the trace."),
         f"- **Load factor** {', '.join(f'`{k}` x{v:g}' for k, v in LOAD_FACTOR.items())}: its loads and sweep "

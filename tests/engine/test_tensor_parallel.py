@@ -204,3 +204,28 @@ def test_sigterm_of_rank_0_stops_every_rank(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_mixed_forward_matches_one_rank(loaded):
+    """The packed mixed forward shares TorchCore's execution on every rank: a prompt row and a decode
+    row in one mixed graph give the one-rank tokens."""
+    kw = dict(CORE, mixed_prefill=True)
+    mixed = GraphShape(GraphKind.MIXED, 2, 1, 0, 0, 64)
+    tok = loaded.tokenizer
+    prompts = [chat(tok, q) for q in QUESTIONS]
+    n0, n1 = map(len, prompts)
+    assert max(n0, n1) <= 64
+
+    def run(core):
+        core.attach(0, prompts[0])
+        core.attach(1, prompts[1])
+        core.execute(plan(GraphShape(GraphKind.PREFILL, 1, 64), [lane(0, 0, 0, n0, 0, 1)]), 1)
+        recs = core.execute(plan(mixed, [lane(1, 1, 0, n1, 0, 1), lane(0, 0, context=n0 + 1)]), 2).records
+        recs += core.execute(plan(GraphShape(GraphKind.DECODE, 2), [lane(0, 0, context=n0 + 2),
+                                                                    lane(1, 1, context=n1 + 1)]), 3).records
+        return [r.tokens for r in recs]
+
+    with TensorParallelCore(2, num_threads=1, timeout_s=TIMEOUT_S, **kw) as tp2:
+        assert mixed in tp2.catalog
+        two = run(tp2)
+    assert two == run(TorchCore(loaded=loaded, **kw))

@@ -94,7 +94,8 @@ def test_validation_binds_free_slots_and_checks_roles():
     bad(plan(DECODE, lane(3, 0, 0, 0, 1)), "not attached")
     bad(plan(DECODE, lane(1, 4, 10, 0, 11), lane(1, 4, 10, 0, 11)), "twice")
     bad(plan(PREFILL, lane(0, None, 64, 64, 64, 0)), "prompt offset 64")
-    bad(plan(PREFILL, lane(0, None, 0, 65, 0, 0)), "65 prompt tokens in a 64-token chunk")
+    # Rows are packed by prefix sums: one row may exceed C (64) but not the graph's B x C (256).
+    bad(plan(PREFILL, lane(0, None, 0, 257, 0, 0)), "packed capacity 256")
     bad(plan(PREFILL, lane(0, None, 0, 64, 0, 0)), "no free KV slot", free=())
     bad(plan(DECODE, lane(1, None, 10, 0, 11)), "slot None on a resident")
     bad(plan(ROUND, lane(1, 4, 10, 0, 11, rows=5)), "5 output rows in a graph of width 4")

@@ -107,3 +107,29 @@ def test_baseline_with_speculation_is_refused(capsys):
     assert main(["run", "--engine", "sim", "--scheduler", "vllm-fcfs", "--speculation", "fixed"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--scheduler" in err
+
+
+def test_mixed_prefill_serves_and_reports_the_packed_extent():
+    """`--mixed-prefill` adds the mixed catalog; the startup planning line gives its maximum packed
+    extent: C + (B - 1) W = 256 + 3 x 1 for 4 slots and 256-token chunks."""
+    server = FlareServer("--engine", "sim", "--slots", "4", "--mixed-prefill")
+    assert server.ready_line, server.error_text()
+    try:
+        r = httpx.post(server.url + "/v1/completions", json={"prompt": "abc", "max_tokens": 7}, timeout=30)
+        assert r.json()["choices"][0]["text"] == "abcabca"
+        wait_resources_free(server.url)
+        catalog_line = next(line for line in server.error_text().splitlines() if "catalog of" in line)
+        assert "mixed" in catalog_line and catalog_line.endswith("maximum packed extent 259 tokens")
+    finally:
+        assert server.stop() == 0
+
+
+def test_catalog_line_without_mixed_graphs():
+    from helios.graphs import Catalog, GraphKind, GraphShape
+    from helios.server.backend import describe_catalog
+
+    line = describe_catalog(Catalog([GraphShape(GraphKind.DECODE, 1), GraphShape(GraphKind.PREFILL, 1, 64)]))
+    assert line == "catalog of 2 graphs: 1 decode, 1 prefill"
+    mixed = Catalog([GraphShape(GraphKind.DECODE, 2), GraphShape(GraphKind.MIXED, 2, 1, 0, 0, 64),
+                     GraphShape(GraphKind.MIXED, 4, 1, 0, 0, 128)])
+    assert describe_catalog(mixed).endswith("2 mixed; maximum packed extent 131 tokens")

@@ -183,7 +183,7 @@ def test_padding_rows_pay_linear_not_attention():
     few, full = m.breakdown_ms(shape, [2000] * 4), m.breakdown_ms(shape, [2000] * 64)
     assert few["linear"] == full["linear"] and few["attention"] < full["attention"]
     assert linear_tokens(GraphShape(GraphKind.SPECULATIVE, 8, 4, 3)) == 32
-    assert linear_tokens(GraphShape(GraphKind.MIXED, 8, 1, 0, 0, 256)) == 264  # B x W + C
+    assert linear_tokens(GraphShape(GraphKind.MIXED, 8, 1, 0, 0, 256)) == 263  # C + (B - 1) W
     with pytest.raises(ValueError):
         m.duration_ns(shape, [0] * 65)
     with pytest.raises(ValueError):
@@ -195,7 +195,9 @@ def test_padding_rows_pay_linear_not_attention():
 def test_mixed_prompt_context_costs_attention():
     m = model("h100-70b")
     shape = GraphShape(GraphKind.MIXED, 16, 1, 0, 0, 512)
-    assert m.duration_ns(shape, [1000] * 16, prefill_context=3000) > m.duration_ns(shape, [1000] * 16)
+    decoders = [1000] * 15
+    deep = m.duration_ns(shape, [3000] + decoders, chunks=[512] + [0] * 15)
+    assert deep > m.duration_ns(shape, [0] + decoders, chunks=[512] + [0] * 15)
 
 
 def test_realistic_small_figures():
