@@ -27,12 +27,18 @@ def _sim_report(args: argparse.Namespace) -> int:
     from helios.sim.experiment import Setup
     from helios.sim.report import ReportConfig, quick, run_report
 
-    cfg = ReportConfig(seed=args.seed, setup=Setup(cost_model=args.cost_model, mixed_prefill=args.mixed_prefill))
+    cost_model = args.profile or args.cost_model
+    cfg = ReportConfig(setup=Setup(cost_model=cost_model, mixed_prefill=args.mixed_prefill))
     if args.quick:
         cfg = quick(cfg)
+    traces = args.traces
+    if args.trace:  # user trace files: named format if given, else detected from the file
+        files = [f"{args.trace_format}:{p}" if args.trace_format else p for p in args.trace]
+        traces = [*(traces or []), *files]
     # Options given explicitly win over the defaults and over --quick.
-    given = {"traces": args.traces, "schedulers": args.schedulers, "window_s": args.window_s, "loads": args.loads,
-             "jobs": args.jobs}
+    given = {"traces": traces, "schedulers": args.schedulers, "window_s": args.window_s, "loads": args.loads,
+             "jobs": args.jobs, "seeds": args.seeds, "min_requests": args.min_requests,
+             "resolution": args.resolution, "ablation": args.ablation}
     cfg = replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v})
     t0 = time.perf_counter()
     try:
@@ -51,6 +57,23 @@ def _csv(kind):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected a comma-separated list, got {text!r}") from None
     return parse
+
+
+def _names(text: str) -> list[str]:
+    """Comma-separated names, where a variant's own list stays whole:
+    "sarathi,helios-balanced[stall_pricing=0,adaptation_ms=100]" is two names."""
+    names, depth, current = [], 0, ""
+    for ch in text:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            names.append(current)
+            current = ""
+        else:
+            current += ch
+    names.append(current)
+    if depth != 0:
+        raise argparse.ArgumentTypeError(f"unbalanced brackets in {text!r}")
+    return [n.strip() for n in names if n.strip()]
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -85,11 +108,22 @@ def build_parser() -> argparse.ArgumentParser:
     report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report")
     report.add_argument("--out", default="sim-report", help="output directory (report.md, PNGs, results.json)")
     report.add_argument("--traces", type=_csv(str), help="comma-separated: azure, mooncake, multi")
-    report.add_argument("--schedulers", type=_csv(str),
+    report.add_argument("--schedulers", type=_names,
                         help="comma-separated: helios-balanced, helios-throughput, helios-spec, vllm-fcfs, sarathi, vtc, direct")
-    report.add_argument("--window-s", type=float, help="seconds of each trace to replay (default 60)")
+    report.add_argument("--window-s", type=float, help="seconds of each trace to replay (default: enough for --min-requests)")
     report.add_argument("--loads", type=_csv(float), help="nominal loads, e.g. 0.2,0.4,0.6")
-    report.add_argument("--seed", type=int, default=0)
+    report.add_argument("--seeds", type=_csv(int), help="comma-separated seeds (default 0,1,2): mean and range")
+    report.add_argument("--min-requests", type=positive_int,
+                        help="each trace's window holds at least this many requests (default 1000)")
+    report.add_argument("--resolution", type=float, help="goodput bisection resolution (default 0.05: 5%%)")
+    report.add_argument("--ablation", type=_names,
+                        help="Helios variants for the ablation table, e.g. 'helios-balanced[stall_pricing=0]'")
+    report.add_argument("--trace", action="append", metavar="PATH",
+                        help="a trace file (Azure CSV or Mooncake JSONL; repeatable), run with the --traces")
+    report.add_argument("--trace-format", choices=("azure", "mooncake"),
+                        help="the format of the --trace files (default: detected from the file)")
+    report.add_argument("--profile", metavar="DIR",
+                        help="a directory with Vidur-format attention.csv and mlp.csv (instead of --cost-model)")
     report.add_argument("--cost-model", default="h100-70b",
                         help="h100-70b, a100-70b-tp2 (a 70B estimate), a100-34b-tp2, h100-7b or realistic-small")
     report.add_argument("--jobs", type=positive_int,

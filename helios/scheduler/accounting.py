@@ -20,7 +20,9 @@ from helios.scheduler.service import ewma_log
 def account_interval(table: RequestTable, frame: Frame, served_tokens: np.ndarray, served_outputs: np.ndarray,
                      delta_ms: float, tau_ms: float) -> None:
     """One measured interval of `delta_ms`: every participant of the frame (the live requests
-    at its dispatch) gets the tokens its lanes consumed (zero when unserved) folded into x.
+    at its dispatch) gets the service its lanes received (zero when unserved) folded into x.
+    `served_tokens` is already normalized by the frame's commit-time reference rates
+    (`Normalizers.normalized_service`): x is a share of the machine, not tokens/ms.
 
     A delivery is recorded as zero at completion; the publication of the frame's output then
     replaces it with one (`Publications`). `served_*` are lane-aligned with the frame.

@@ -197,7 +197,8 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         sched.stats.speculative_programs += 1
     # Each successful frame with a positive device interval is one measured interval.
     if timing.device_interval_ns() is not None:
-        account_interval(t, frame, lanes.prompt_tokens + counts, counts, raw / 1e6, sched.policy.adaptation_ms)
+        account_interval(t, frame, frame.normalizers.normalized_service(lanes.prompt_tokens, counts), counts,
+                         raw / 1e6, sched.policy.adaptation_ms)
     prompt = np.count_nonzero(lanes.prompt_tokens) > 0
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens

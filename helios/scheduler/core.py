@@ -25,7 +25,7 @@ from helios.scheduler.policy import Budget, best, decode_candidates, prefill_can
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.rounds import speculative_candidates
-from helios.scheduler.service import PriceCoefficients
+from helios.scheduler.service import PHYSICAL, Normalizers, PriceCoefficients, reference_normalizers
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
 from helios.scheduler.queue import ExecutionQueue, Frame
@@ -102,8 +102,12 @@ class Scheduler:
         rates = self.requests.log_x[self.requests.live_rows()]
         if len(rates):
             return float(np.logaddexp.reduce(rates) - math.log(len(rates)))
+        if self.policy.phase_normalized:
+            # With no live request: the rate of a stream alone on the machine, one output token
+            # per fastest measured delivery graph (1 token/ms before anything is measured).
+            return self._normalizers().log_decode
         measured = [t for s, t in self.costs.measured().items() if s.kind is GraphKind.DECODE]
-        # With no live request: one token per fastest measured decode, else 1 token/ms.
+        # Physical rates: one token per fastest measured decode, else 1 token/ms.
         return -math.log(min(measured) / 1e6) if measured else 0.0
 
     def cancel(self, handle: RequestHandle, now_ns: int, reason: FinishReason = FinishReason.CANCELLED) -> None:
@@ -172,6 +176,7 @@ class Scheduler:
         if not len(live):
             return None
         return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
+                          self._normalizers(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
                           (self.speculation, self.source) if self.shapes.rounds else None)
@@ -210,6 +215,14 @@ class Scheduler:
         bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
         return speculative_lanes(self.requests, view.decode_rows[winner.members], bounds,
                                  np.array(expected), np.array(values), winner.rows)
+
+    def _normalizers(self) -> Normalizers:
+        """The phases' reference rates from the measured catalog (docs/scheduling-utility.md)."""
+        if not self.policy.phase_normalized:
+            return PHYSICAL
+        prefill = [(s.token_capacity, t / 1e6) for s in self.shapes.prefill + self.shapes.scored_prefill
+                   if (t := self.costs.estimate_ns(s)) is not None]
+        return reference_normalizers(prefill, self._decode_costs())
 
     def _decode_costs(self) -> list[tuple[int, float]]:
         # Every delivery-bearing family: one visible burst per lane, whatever its width.
@@ -268,7 +281,7 @@ class Scheduler:
         t.last_served_seq[rows] = self._decisions
         participants = (t.phase != DONE).nonzero()[0]  # resident runnable and waiting
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
-                              t.handle[participants], t.epoch[participants]))
+                              t.handle[participants], t.epoch[participants], self._normalizers()))
         self._last_fence = fence
         self.traces.append(PlanTrace(fence, plan.shape, plan.handles, plan.estimated_duration_ns,
                                      self.costs.observation_age_ns(plan.shape, now), plan.reason,

@@ -35,7 +35,7 @@ from helios.scheduler.plan import PlanLanes
 from helios.scheduler.policy import Budget, Candidate, LanePool
 from helios.scheduler.rounds import _ceilings, _gains
 from helios.scheduler.speculation import expected_output
-from helios.scheduler.utility import ranked_lanes, rate_score
+from helios.scheduler.utility import ranked_lanes, rate_score, stall_cost
 
 
 @dataclass(slots=True)
@@ -137,6 +137,11 @@ def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, st
     c.ceilings = rows
     # An unknown duration ranks by expected useful value alone (optimistic work score).
     c.score = c.value if t_ms is None else rate_score(c.value, c.slope, t_ms, waiting)
+    if t_ms is not None and decode.stall_total > 0.0:
+        # Priced stalls (docs/scheduling-utility.md): the decoders this graph leaves out owe the
+        # growth of their prices over T; a prompt row serves no decoder.
+        served_stall = float(decode.stall[members].sum()) if decode.stall is not None and m else 0.0
+        c.score -= stall_cost(decode.stall_total - served_stall, t_ms, decode.tau_ms)
     c.lru = lru
     served = m + (prompt is not None)
     used = work + (m * shape.token_capacity if rows is None else sum(rows.tolist()))

@@ -14,7 +14,7 @@ from helios.scheduler.policy import LanePool
 from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
-from helios.scheduler.service import PriceCoefficients, ewma_log, log_prices
+from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices
 from helios.scheduler.utility import reference_interval_ms, shared_log_scale
 
 
@@ -52,7 +52,9 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         lp = pos[frame.rows]
         mine = lp >= 0
         tokens, deliveries = np.zeros(n), np.zeros(n)
-        tokens[lp[mine]] = lanes.expected_tokens[mine]
+        # Expected service in the frame's own commit-time normalizers, as completion will count it.
+        tokens[lp[mine]] = frame.normalizers.normalized_service(
+            lanes.prompt_tokens[mine], lanes.expected_tokens[mine] - lanes.prompt_tokens[mine])
         deliveries[lp[mine]] = lanes.expected_deliveries[mine]
         delivered = lp[mine & (lanes.expected_deliveries > 0)]
         has_delivery[delivered] = True
@@ -64,12 +66,13 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
 
 
 def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig,
-               coeff: PriceCoefficients, decode_costs: list[tuple[int, float]], resources: ResourcePool,
-               start_ns: int, max_context: int, max_lanes: int, speculation=None) -> PlanningView:
-    """`rows`: live requests in admission order. `speculation` is (SpeculationModel,
-    ProposalSource) when speculative programs are loaded."""
+               coeff: PriceCoefficients, decode_costs: list[tuple[int, float]], norm: Normalizers,
+               resources: ResourcePool, start_ns: int, max_context: int, max_lanes: int,
+               speculation=None) -> PlanningView:
+    """`rows`: live requests in admission order; `norm`: the current reference rates.
+    `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
-    lp, lo, ld = log_prices(log_x, log_z, coeff)
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price)
     phase = t.phase[rows]
     handles = t.handle[rows]
     queued_prompt = t.queued_prompt[rows]
@@ -85,7 +88,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         pre = pre[np.lexsort((handles[pre], -lp[pre], t.slot[rows[pre]] == NO_SLOT))][:max_lanes]
 
     lo_dec, ld_dec = lo[dec], ld[dec]
-    scale = shared_log_scale(lo_dec, ld_dec, lp[pre], lo[pre])
+    act = active.nonzero()[0]
+    scale = shared_log_scale(lo_dec, ld_dec, lp[pre], lo[pre], lo[act], ld[act])
     s = math.exp(-scale)
     c = policy.decode_age_price
     n_active = int(np.count_nonzero(active))
@@ -103,6 +107,18 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     output_value = np.exp(lo_dec - scale)
     base = output_value + np.exp(ld_dec - scale) + c_sigma * ages
     decode = LanePool(handles[dec], t.last_served_seq[drows], t.slot[drows], base, age_slope=c_sigma)
+    stall_total = 0.0
+    if policy.stall_pricing and len(act):
+        # What a stall of T does to a decoder's own prices: its fairness and delivery prices
+        # grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's price follows.
+        # Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
+        # charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
+        growing = np.exp(lf[act] - scale) + np.exp(ld[act] - scale)
+        stall_total = float(growing.sum())
+        where = np.full(t.capacity, -1, dtype=np.int64)
+        where[rows[act]] = np.arange(len(act))
+        decode.stall = growing[where[drows]]
+    decode.stall_total, decode.tau_ms = stall_total, policy.adaptation_ms
     if speculation is not None:
         _add_speculation(decode, t, drows, output_value, speculation, policy, max_context)
 
@@ -121,6 +137,9 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             resident=t.slot[prow] != NO_SLOT,
             pages=resources.extent_pages_of(t, prow),
         )
+        pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
+        if policy.stall_bound_ms is not None:
+            pool.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode_costs)
         prefill[kind] = (pool, prow)
     return PlanningView(scale, c * s * n_active, decode, drows, prefill)
 
@@ -135,3 +154,16 @@ def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_va
     # The device admits causal frontiers; a nonincreasing envelope keeps the prediction causal.
     pool.forecast = np.minimum.accumulate(forecast, axis=1)
     pool.limit = np.minimum(t.output_left(rows), max_context - t.context_tokens(rows))
+
+
+def _stall_headroom(bound_ms: float, t: RequestTable, active_rows: np.ndarray, start_ns: int,
+                    decode_costs) -> float | None:
+    """The off-by-default duration bound (`PolicyConfig.stall_bound_ms`, outside the spec): how
+    long a prefill may run so that the oldest decoder's age + T + one decode step stays within
+    the bound. None when no decoder is active (nothing to stall)."""
+    known = active_rows[t.has_publication[active_rows]]
+    if not len(known):
+        return None
+    oldest = max(0.0, (start_ns - float(t.last_publication_ns[known].min())) / 1e6)
+    step = min((ms for _, ms in decode_costs), default=0.0)
+    return bound_ms - oldest - step

@@ -30,7 +30,7 @@ import numpy as np
 
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
-from helios.scheduler.utility import prefix_sums, ranked_lanes, rate_score
+from helios.scheduler.utility import prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth
 
 
 @dataclass(slots=True)
@@ -55,6 +55,12 @@ class LanePool:
     survival: np.ndarray | None = None  # s_d, for expected service
     forecast: np.ndarray | None = None  # monotone joint-prefix confidence forecast
     limit: np.ndarray | None = None  # rows a lane may commit (output and context limits)
+    # Stall pricing (docs/scheduling-utility.md): scaled growing price of each decode lane's next
+    # step (decode pool only), their sum over every active decoder, and tau.
+    stall: np.ndarray | None = None
+    stall_total: float = 0.0
+    tau_ms: float = 1.0
+    stall_bound_ms: float | None = None  # prefill only: the off-by-default duration bound
 
 
 @dataclass(slots=True)
@@ -89,6 +95,9 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
         c.score = c.value
     else:
         c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
+        if pool.stall_total > 0.0:
+            served = float(pool.stall[c.members].sum()) if pool.stall is not None and n else 0.0
+            c.score -= stall_cost(pool.stall_total - served, c.t_ms, pool.tau_ms)
     c.lru = lru if lru is not None else max(pool.lru[c.members].tolist()) if n else 0
     if c.shape.kind.is_prefill:
         used = sum(c.works.tolist())  # int sums on lists: cheaper than a numpy reduction here
@@ -116,6 +125,9 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     # Cohorts are prefixes of one order: their most recent service is a running maximum.
     recent = np.maximum.accumulate(pool.lru[order]).tolist()
     works = np.zeros(n, dtype=np.int64)
+    # With stall pricing a lane's worth at duration T is base + stall * (e^(T/tau) - 1): the
+    # best cohort of a capacity below the lane count is a prefix of that order instead.
+    stalled = pool.stall is not None and pool.stall_total > 0.0 and n > 1
     out, taken = [], set()
     for shape in sorted(shapes, key=lambda s: s.batch_capacity):
         m = min(shape.batch_capacity, n)
@@ -123,8 +135,13 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
             continue
         taken.add(m)
         t_ms, state = costs(shape)
-        c = Candidate(shape, order[:m], works[:m], sums[m], pool.age_slope * m, t_ms, state)
-        out.append(finish_candidate(c, pool, waiting, recent[m - 1]))
+        members, value, lru = order[:m], sums[m], recent[m - 1]
+        if stalled and m < n and t_ms is not None:
+            own = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru, pool.slots)
+            members = own[:m]
+            value, lru = float(pool.base[members].sum()), int(pool.lru[members].max())
+        c = Candidate(shape, members, works[:m], value, pool.age_slope * m, t_ms, state)
+        out.append(finish_candidate(c, pool, waiting, lru))
     return out
 
 
@@ -174,6 +191,8 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
                 continue  # redundant padding: same cohort, same logical work, larger shape
             seen.setdefault(key, []).append(shape)
             t_ms, state = costs(shape)
+            if pool.stall_bound_ms is not None and t_ms is not None and t_ms > pool.stall_bound_ms:
+                continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
             if state is CostState.UNKNOWN and _smaller_reaches_endpoint(shape, shapes, packed,
                                                                           pool.to_endpoint[members]):
                 continue

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from helios.scheduler.plan import Fence, ScheduledPlan, SelectionReason
+from helios.scheduler.service import PHYSICAL, Normalizers
 
 
 @dataclass(slots=True)
@@ -28,6 +29,9 @@ class Frame:
     participant_rows: np.ndarray  # live requests at dispatch: row, handle and epoch
     participant_handles: np.ndarray
     participant_epochs: np.ndarray
+    # The token normalizers of the measured catalog at commit (spec, "Service accounting"): this
+    # frame's service is counted in them, whatever is measured by the time it completes.
+    normalizers: Normalizers = PHYSICAL
 
     @property
     def expected_ms(self) -> float | None:

@@ -4,6 +4,11 @@ See docs/scheduling-utility.md. A request's utility is
     prompt + beta * output + f * log x + g * log z
 so its gradient prices are 1 + f/x per prompt token, beta + f/x per output token and g/z
 per delivery. x and z are EWMA service rates with time constant tau = adaptation_ms.
+
+x counts normalized service: an output token counts one, a prompt token r_d/r_p of one, the
+ratio of the phases' measured reference rates (`Normalizers`), so x measures machine time, not
+raw tokens. x is stored in physical output tokens/ms: a phase transition or a new measurement
+leaves it, and so every price, where it was until actual service moves it.
 """
 
 from __future__ import annotations
@@ -73,14 +78,54 @@ class PriceCoefficients:
         )
 
 
-def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients):
-    """Vectorized log prices: prefill token, output token, delivery.
+@dataclass(frozen=True, slots=True)
+class Normalizers:
+    """log of the reference token rates (tokens/ms) of the two phases, from the measured catalog.
 
-    Requests without a delivery history carry NaN in log_z and get a zero delivery price.
+    prefill: the fastest measured per-row prompt rate, max C/T over prefill graphs; decode: the
+    fastest measured per-stream output rate, max 1/T over delivery-bearing graphs (one committed
+    token per row is the only output a round guarantees). An unmeasured phase has reference 1
+    (log 0). `PHYSICAL` (both 1) counts a prompt token as an output token: the ablation without
+    normalization, and what happens before anything is measured.
+    """
+
+    log_prefill: float = 0.0
+    log_decode: float = 0.0
+
+    def normalized_service(self, prompt_tokens, output_tokens):
+        """Service in output-token units: o + p * r_d / r_p. A prompt token takes 1/r_p ms of the
+        machine and an output token 1/r_d, so this is machine time at the decode reference rate:
+        x stays in physical output tokens/ms, and prices stay in physical units."""
+        return (np.asarray(prompt_tokens, dtype=float) * math.exp(self.log_decode - self.log_prefill)
+                + np.asarray(output_tokens, dtype=float))
+
+
+PHYSICAL = Normalizers()
+
+
+def reference_normalizers(prefill_costs, decode_costs) -> Normalizers:
+    """`prefill_costs`: (token_capacity, t_ms) of measured prefill graphs; `decode_costs`:
+    (batch, t_ms) of measured delivery-bearing graphs. Unmeasured phases keep reference 1."""
+    lp = max((math.log(c / t) for c, t in prefill_costs if t > 0), default=0.0)
+    ld = max((-math.log(t) for _, t in decode_costs if t > 0), default=0.0)
+    return Normalizers(lp, ld)
+
+
+def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm: Normalizers = PHYSICAL,
+               gradient_prompt: bool = False):
+    """Vectorized log prices: prefill token, output token, delivery, and the fairness part f/x
+    (what grows while a request waits).
+
+    x counts normalized service (output tokens, plus prompt tokens at r_d / r_p), so the spec's
+    prices apply as written: 1 + f/x per prompt token, beta + f/x per output token, g/z per
+    delivery. With `gradient_prompt`, a prompt token costs its exact gradient 1 + f/x * r_d/r_p
+    instead (an ablation). Requests without a delivery history carry NaN in log_z and get a zero
+    delivery price.
     """
     fair = k.log_f - log_x  # log(f/x); rates are finite, so no inf - inf
-    prefill = np.logaddexp(0.0, fair)  # log(1 + f/x)
+    prompt_fair = fair + (norm.log_decode - norm.log_prefill) if gradient_prompt else fair
+    prefill = np.logaddexp(0.0, prompt_fair)  # log(1 + f/x)
     output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
     delivery[np.isnan(log_z)] = NEG_INF
-    return prefill, output, delivery
+    return prefill, output, delivery, fair

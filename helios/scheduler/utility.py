@@ -42,6 +42,21 @@ def rate_score(value: float, served_age_slope: float, t_ms: float, waiting: floa
     return (value + served_age_slope * t_ms) / t_ms - 0.5 * t_ms * waiting
 
 
+def stall_growth(t_ms: float, tau_ms: float) -> float:
+    """e^(T/tau) - 1: how much an unserved request's fairness and delivery prices grow over T.
+
+    The exponent is capped where e^x still fits a double; the shared scale keeps the factor it
+    multiplies at most one per lane, so the product stays finite and the comparison unchanged.
+    """
+    return math.expm1(min(t_ms / tau_ms, 700.0))
+
+
+def stall_cost(excluded: float, t_ms: float, tau_ms: float) -> float:
+    """Value rate lost by the decoders a candidate leaves out: their next step's growing value
+    (`excluded`, scaled) times the growth of their prices over T, per ms of the candidate."""
+    return excluded * stall_growth(t_ms, tau_ms) / t_ms
+
+
 def ranked_lanes(values: np.ndarray, lru: np.ndarray, slots: np.ndarray) -> np.ndarray:
     """Lane order by value, then less recently served, then slot: best first.
 

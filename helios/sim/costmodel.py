@@ -8,6 +8,7 @@ padded row and position, while attention only does work for the active rows.
 
 from __future__ import annotations
 
+import csv
 import functools
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,7 +19,7 @@ from helios.graphs import GraphKind, GraphShape
 from helios.engine.core import CostModel  # noqa: F401  (re-exported: the protocol lives with the engines)
 from helios.sim.splitwise import fit_terms
 from helios.sim.traces import data_file
-from helios.sim.vidur_tables import (DecodeAttentionTable, HostOverheadTable, LinearOpsTable,
+from helios.sim.vidur_tables import (LAYER_OPS, DecodeAttentionTable, HostOverheadTable, LinearOpsTable,
                                      PrefillAttentionTable, equivalent_prefill_row, load_attention)
 
 NS_PER_MS = 1_000_000
@@ -139,6 +140,37 @@ class VidurCostModel:
         fitted_overhead, fitted_comm = fit_terms(base, data_dir)
         return base.with_terms(fitted_overhead if overhead_ms is None else overhead_ms,
                                fitted_comm if comm_us_per_token_layer is None else comm_us_per_token_layer / 1e3)
+
+    @classmethod
+    def from_profile_dir(cls, directory: str | Path, *, layers: int = 80, overhead_ms: float = 0.0,
+                         comm_us_per_token_layer: float = 0.0) -> VidurCostModel:
+        """A user's Vidur profile (`flare sim report --profile DIR`): DIR holds Vidur's `attention.csv`
+        and `mlp.csv` (or exactly one `*attention*.csv` and one `*mlp*.csv`) for one model and GPU.
+
+        The TP degree is read from the MLP file (its smallest `num_tensor_parallel_workers`); nothing
+        there gives the layer count or the per-graph overhead, so they are arguments (default: 80
+        layers, Llama-2-70B, and no overhead). A ConfigError names a missing file or column.
+        """
+        directory = Path(directory)
+        attention, mlp = _profile_file(directory, "attention"), _profile_file(directory, "mlp")
+        _require_columns(mlp, ("num_tokens", "num_tensor_parallel_workers", "n_embd", "time_stats.emb.median")
+                         + tuple(f"time_stats.{op}.median" for op in LAYER_OPS))
+        _require_columns(attention, ("batch_size", "kv_cache_size", "prefill_chunk_size", "is_prefill",
+                                     "time_stats.attn_decode.median", "time_stats.attn_prefill.median"))
+        with open(mlp, newline="") as fh:
+            try:
+                tp = min(int(r["num_tensor_parallel_workers"]) for r in csv.DictReader(fh))
+            except ValueError as exc:
+                raise ConfigError("profile", f"{mlp}: bad num_tensor_parallel_workers ({exc})") from None
+        profile = VidurProfile(f"dir:{directory.name}", mlp.name, tp, layers, 1.0, 1.0, None,
+                               default_overhead_ms=overhead_ms)
+        try:
+            linear = LinearOpsTable.from_csv(mlp, tp)
+            decode, prefill = load_attention(attention)
+        except (KeyError, ValueError) as exc:
+            raise ConfigError("profile", f"{directory}: malformed profile ({type(exc).__name__}: {exc})") from None
+        return cls(profile, linear, decode, prefill, overhead_ms=overhead_ms,
+                   comm_ms_per_token_layer=comm_us_per_token_layer / 1000.0)
 
     def with_terms(self, overhead_ms: float, comm_ms_per_token_layer: float) -> VidurCostModel:
         return VidurCostModel(self.profile, self.linear, self.decode, self.prefill, overhead_ms=overhead_ms,
@@ -271,6 +303,27 @@ def _tables(mlp_path: str, tp: int, attention_path: str, mlp_scale: float = 1.0
 @functools.lru_cache(maxsize=4)
 def _attention(attention_path: str) -> tuple[DecodeAttentionTable, PrefillAttentionTable]:
     return load_attention(Path(attention_path))
+
+
+def _profile_file(directory: Path, kind: str) -> Path:
+    if not directory.is_dir():
+        raise ConfigError("profile", f"profile directory not found: {directory}")
+    exact = directory / f"{kind}.csv"
+    if exact.is_file():
+        return exact
+    found = sorted(directory.glob(f"*{kind}*.csv"))
+    if len(found) != 1:
+        raise ConfigError("profile", f"{directory}: expected {kind}.csv (or exactly one *{kind}*.csv), "
+                          f"found {', '.join(f.name for f in found) or 'none'}")
+    return found[0]
+
+
+def _require_columns(path: Path, columns) -> None:
+    with open(path, newline="") as fh:
+        header = next(csv.reader(fh), [])
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ConfigError("profile", f"{path}: missing column(s) {', '.join(missing)}")
 
 
 def _path(name: str, data_dir: str | Path | None) -> Path:

@@ -6,7 +6,10 @@ between runs come from the scheduling decisions alone. docs/simulator.md describ
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import math
+import os
 import sys
 from dataclasses import dataclass, field, replace
 from typing import Sequence
@@ -14,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from helios.baselines import make_scheduler
-from helios.config import SchedulerConfig, SpeculationMode, preset
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, preset
 from helios.engine.core import ChunkedCostModel
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
@@ -25,7 +28,7 @@ from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import CostModel, SyntheticCostModel, VidurCostModel
 from helios.sim.loop import Arrival, Simulation
 from helios.sim.metrics import NS_PER_S, SLO, RunMetrics, compute_metrics
-from helios.sim.traces import TraceRequest, load_azure_conv, load_mooncake, multi_client
+from helios.sim.traces import TraceRequest, load_azure_conv, load_mooncake, multi_client, trace_format
 
 TRACES = ("azure", "mooncake", "multi")
 SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs", "sarathi", "vtc", "direct")
@@ -67,7 +70,7 @@ class Setup:
     def mixed_for(self, scheduler: str) -> bool:
         """Whether `scheduler` runs with the mixed catalog: Helios with --mixed-prefill. vLLM, Sarathi-Serve,
         VTC and direct keep their own rules: Helios's catalog choices are never imposed on them."""
-        return self.mixed_prefill and scheduler in HELIOS_SCHEDULERS
+        return self.mixed_prefill and scheduler.partition("[")[0] in HELIOS_SCHEDULERS  # variants too
 
     def config(self) -> SchedulerConfig:
         # Requests reserve their whole extent (prompt + max output) when first scheduled, so the page pool
@@ -82,16 +85,44 @@ def load_cost_model(name: str) -> CostModel:
     """A cost model by name: a Vidur profile (docs/cost-models.md) or "realistic-small" (synthetic)."""
     if name == "realistic-small":
         return SyntheticCostModel.realistic_small()
+    if os.path.isdir(name):  # --profile DIR: the user's Vidur-format attention and MLP CSVs
+        return VidurCostModel.from_profile_dir(name)
     if name not in COST_MODELS:
         raise ConfigError("cost_model", f"unknown cost model {name!r}; choose from {', '.join(COST_MODELS)}")
     return VidurCostModel.from_data(name)
 
 
+def split_variant(name: str) -> tuple[str, dict]:
+    """"helios-balanced[stall_pricing=0,adaptation_ms=300]" -> the base name and PolicyConfig
+    overrides (the ablation's variants); a plain name has none."""
+    if not name.endswith("]") or "[" not in name:
+        return name, {}
+    base, _, body = name[:-1].partition("[")
+    fields = {f.name: f for f in dataclasses.fields(PolicyConfig)}
+    overrides = {}
+    for item in filter(None, body.split(",")):
+        key, eq, text = item.partition("=")
+        if not eq or key not in fields:
+            raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: use field=value with a "
+                              f"PolicyConfig field")
+        if isinstance(getattr(PolicyConfig(), key), bool):
+            overrides[key] = text.lower() in ("1", "true", "on", "yes")
+        elif text.lower() in ("none", "off"):
+            overrides[key] = None
+        else:
+            overrides[key] = float(text)
+    return base, overrides
+
+
 def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
-    """A scheduler by report name: helios-balanced, helios-throughput (or helios), or a baseline."""
+    """A scheduler by report name: helios-balanced, helios-throughput (or helios), a Helios variant
+    (`split_variant`), or a baseline."""
+    name, overrides = split_variant(name)
     if name in HELIOS_SCHEDULERS:
-        policy = preset("throughput" if name.endswith("throughput") else "balanced")
+        policy = replace(preset("throughput" if name.endswith("throughput") else "balanced"), **overrides)
         return make_scheduler("helios", catalog, policy, config)
+    if overrides:
+        raise ConfigError("scheduler", f"policy variants apply to Helios only, not {name!r}")
     # vLLM and Sarathi-Serve run each iteration as one packed varlen forward; SimCore can run that.
     return make_scheduler(name, catalog, None, config, **({"packed": True} if name in PACKED_BASELINES else {}))
 
@@ -99,15 +130,49 @@ def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
 MOONCAKE_TICK_NS = 3 * NS_PER_S  # the Mooncake trace stamps arrivals on a 3-second tick
 
 
+def trace_source(trace: str) -> tuple[str, str | None]:
+    """A trace argument as (format, file): a built-in name ("azure", "mooncake", "multi": file None),
+    "azure:PATH" / "mooncake:PATH" (format named), or a PATH (format detected from the file)."""
+    if trace in TRACES:
+        return trace, None
+    fmt, sep, rest = trace.partition(":")
+    if sep and fmt in ("azure", "mooncake"):
+        return fmt, rest
+    if os.path.isfile(trace):
+        return trace_format(trace), trace
+    raise ConfigError("trace", f"unknown trace {trace!r}: choose from {', '.join(TRACES)}, or give a trace "
+                      "file (Azure CSV or Mooncake JSONL), optionally as azure:PATH or mooncake:PATH")
+
+
+def trace_label(trace: str) -> str:
+    """A short name for tables and file names: the built-in name, or the file's stem."""
+    fmt, path = trace_source(trace)
+    return fmt if path is None else os.path.splitext(os.path.basename(path))[0]
+
+
 @functools.lru_cache(maxsize=16)
-def _load(trace: str, window_s: float, seed: int, max_context: int) -> tuple[TraceRequest, ...]:
-    if trace == "azure":
-        return tuple(load_azure_conv(duration_s=window_s, max_context=max_context))
-    if trace == "mooncake":
-        return tuple(spread_ticks(load_mooncake(duration_s=window_s, max_context=max_context), MOONCAKE_TICK_NS))
-    if trace == "multi":
-        return tuple(multi_client(duration_s=window_s, seed=seed, max_context=max_context))
-    raise ConfigError("trace", f"unknown trace {trace!r}; choose from {', '.join(TRACES)}")
+def _load(trace: str, window_s: float | None, seed: int, max_context: int) -> tuple[TraceRequest, ...]:
+    fmt, path = trace_source(trace)
+    if fmt == "multi":
+        return tuple(multi_client(duration_s=window_s or 60.0, seed=seed, max_context=max_context))
+    if fmt == "azure":
+        return tuple(load_azure_conv(path, duration_s=window_s, max_context=max_context))
+    # Mooncake's arrivals are stamped on a 3-second tick: spread them over it.
+    return tuple(spread_ticks(load_mooncake(path, duration_s=window_s, max_context=max_context), MOONCAKE_TICK_NS))
+
+
+def window_for(trace: str, requests: int, *, seed: int = 0, max_context: int = 8192) -> float:
+    """The shortest window (s of trace time) holding at least `requests` requests: the whole trace
+    when it has fewer. `multi` is generated, so its window is `requests` over its nominal rate."""
+    fmt, _ = trace_source(trace)
+    if fmt == "multi":
+        probe = _load(trace, 60.0, seed, max_context)
+        return math.ceil(requests / (len(probe) / 60.0))
+    everything = _load(trace, None, seed, max_context)
+    if len(everything) <= requests:
+        return math.ceil(everything[-1].arrival_ns / NS_PER_S) + 1.0
+    # Strictly after the requests-th arrival (a window is half-open).
+    return math.floor(everything[requests - 1].arrival_ns / NS_PER_S) + 1.0
 
 
 def load_workload(trace: str, window_s: float, *, seed: int = 0, max_context: int = 8192) -> list[TraceRequest]:
@@ -233,7 +298,7 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
-    speculation = SpeculationMode.ADAPTIVE if scheduler == "helios-spec" else SpeculationMode.OFF
+    speculation = SpeculationMode.ADAPTIVE if split_variant(scheduler)[0] == "helios-spec" else SpeculationMode.OFF
     catalog = setup.catalog(speculation, setup.mixed_for(scheduler))
     config = replace(setup.config(), speculation=speculation)
     acceptance = AcceptanceModel(seed=seed) if speculation is SpeculationMode.ADAPTIVE else None

@@ -196,7 +196,7 @@ class GoodputResult:
 
 
 def goodput_sweep(run: Callable[[float], RunMetrics], scales: Sequence[float], *, target: float = 0.9,
-                  refine: int = 2, extend_down: int = 2) -> GoodputResult:
+                  refine: int = 2, extend_down: int = 2, resolution: float | None = None) -> GoodputResult:
     """The highest request rate at which at least `target` of the requests meet both SLOs.
 
     `run(scale)` runs the workload at rate knob `scale` (any knob the offered rate grows with) and returns
@@ -204,7 +204,8 @@ def goodput_sweep(run: Callable[[float], RunMetrics], scales: Sequence[float], *
     (attainment falls with load, and higher loads need not be run). If even the first point fails, the
     scale is halved up to `extend_down` times looking for a passing one: low rates are the slowest to
     simulate (small batches mean many steps), so the grid need not start there. Then `refine` bisection
-    steps at geometric midpoints narrow the gap between the last passing and the first failing scale.
+    steps at geometric midpoints narrow the gap between the last passing and the first failing scale;
+    with `resolution` they stop as soon as failing / passing <= 1 + resolution (`refine` caps them).
     Goodput is the offered rate of the highest passing run.
     """
     points: list[tuple[float, float, float]] = []
@@ -232,6 +233,8 @@ def goodput_sweep(run: Callable[[float], RunMetrics], scales: Sequence[float], *
     if hi is None:
         return GoodputResult(_rate(points, lo), lo, "at-least", tuple(points))
     for _ in range(refine):
+        if resolution is not None and hi <= lo * (1.0 + resolution):
+            break
         mid = math.sqrt(lo * hi)
         if attempt(mid):
             lo = mid

@@ -1,4 +1,5 @@
-"""PNG figures of the simulator report: TTFT CDFs, inter-delivery gap tails, SLO attainment vs rate."""
+"""PNG figures of the simulator report: TTFT CDFs, inter-delivery gap tails, SLO attainment vs rate,
+and the TTFT/gap Pareto view over loads."""
 
 from __future__ import annotations
 
@@ -88,4 +89,28 @@ def attainment_vs_rate(points: Mapping[str, Sequence[tuple[float, float, float]]
     ax.set_ylabel("fraction of requests meeting both SLOs")
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
+    return _finish(plt, fig, axes, path)
+
+
+def pareto(series: Mapping[str, Sequence[tuple[float, float, float]]], slo, title: str, path: Path) -> Path:
+    """TTFT p99 against gap p99 (both log axes), one line per scheduler through its loads in order, each
+    point labelled with its load; the dashed lines are the SLOs (the gap SLO bounds each request's own
+    p99, so it is a guide here, not a pass line). Down and left is better on both."""
+    plt, fig, axes = _panels(1, title)
+    ax = axes[0]
+    for name, pts in series.items():
+        pts = [p for p in sorted(pts) if np.isfinite(p[1]) and np.isfinite(p[2])]
+        if not pts:
+            continue
+        line, = ax.plot([p[1] for p in pts], [p[2] for p in pts], marker="o", ms=3.5, lw=1.2, label=name)
+        for load, gap, ttft in pts:
+            ax.annotate(f"{load:g}", (gap, ttft), fontsize=6, color=line.get_color(),
+                        xytext=(2, 2), textcoords="offset points")
+    ax.axvline(slo.gap_ms, color="k", lw=0.8, ls="--")
+    ax.axhline(slo.ttft_ms, color="k", lw=0.8, ls="--")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("gap p99 (ms)")
+    ax.set_ylabel("TTFT p99 (ms)")
+    ax.grid(alpha=0.3, which="both")
     return _finish(plt, fig, axes, path)

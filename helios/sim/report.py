@@ -1,8 +1,8 @@
-"""`flare sim report`: every scheduler on the same traces, cost model and seed; Markdown + PNG report.
+"""`flare sim report`: every scheduler on the same traces, cost model and seeds; Markdown + PNG report.
 
-For each (trace, scheduler) one task runs the load levels and the goodput sweep, sharing runs between
-them (the sweep grid contains the load levels). Tasks are independent, so `jobs > 1` runs them in
-worker processes without changing any result.
+For each (trace, scheduler, seed) one task runs the load levels and the goodput sweep, sharing runs
+between them (the sweep grid contains the load levels). Tasks are independent, so `jobs > 1` runs
+them in worker processes without changing any result; `seeds.combine` then gives mean and range.
 """
 
 from __future__ import annotations
@@ -19,45 +19,66 @@ import numpy as np
 
 from helios.sim import plots
 from helios.sim.experiment import (SCHEDULERS, Setup, build_scheduler, default_slo, load_workload, loads_of,
-                                   nominal_load, rescale, run_workload)
-from helios.sim.metrics import NS_PER_S, SLO, GoodputResult, goodput_sweep, request_gaps_ms, ttft_ms
+                                   nominal_load, rescale, run_workload, trace_label, window_for)
+from helios.sim.metrics import NS_PER_S, SLO, goodput_sweep, request_gaps_ms, ttft_ms
 from helios.sim.report_md import write_markdown
+from helios.sim.seeds import combine
 
 
 @dataclass(frozen=True)
 class ReportConfig:
-    """What to run. Loads and sweep points are nominal loads (`experiment.nominal_load`)."""
+    """What to run. Loads and sweep points are nominal loads (`experiment.nominal_load`).
+
+    The window of each trace holds at least `min_requests` requests (`experiment.window_for`) unless
+    `window_s` fixes it. Every (trace, scheduler) runs once per seed; the report gives the mean and
+    the range. Goodput bisects until the last passing and first failing loads are within
+    `resolution` of each other (geometrically), at most `refine` steps. `ablation` names Helios
+    variants (`experiment.split_variant`) run on `ablation_traces` only, for the ablation table.
+    """
 
     traces: tuple[str, ...] = ("azure", "mooncake", "multi")
     schedulers: tuple[str, ...] = SCHEDULERS
-    window_s: float = 60.0
+    window_s: float | None = None
+    min_requests: int = 1000
     loads: tuple[float, ...] = (0.2, 0.4, 0.6)
     sweep: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 1.0, 1.4, 2.0)  # contains the loads: their runs are reused
-    refine: int = 2
+    refine: int = 8
+    resolution: float = 0.05
     extend_down: int = 2  # halvings below the grid when its first point already fails
-    seed: int = 0
+    seeds: tuple[int, ...] = (0, 1, 2)
+    ablation: tuple[str, ...] = ()
+    ablation_traces: tuple[str, ...] = ("azure", "mooncake")
     setup: Setup = field(default_factory=Setup)
     ttft_slo_scale: float = 5.0
     gap_slo_scale: float = 10.0
     jobs: int = field(default_factory=lambda: min(2, os.cpu_count() or 1))
 
+    @property
+    def seed(self) -> int:
+        """The seed that fixes each workload (its window, SLOs and `multi`'s arrivals)."""
+        return self.seeds[0]
+
 
 def quick(config: ReportConfig) -> ReportConfig:
-    """The smoke configuration: a 10-second window, one load, a one-point sweep without bisection."""
-    return replace(config, window_s=10.0, loads=(0.3,), sweep=(0.3,), refine=0, extend_down=0)
+    """The smoke configuration: a 10-second window, one seed, one load, a one-point sweep."""
+    return replace(config, window_s=10.0, loads=(0.3,), sweep=(0.3,), refine=0, extend_down=0,
+                   seeds=config.seeds[:1])
 
 
 def window_s(trace: str, cfg: ReportConfig) -> float:
-    """The replayed window of a trace. "multi" (ShareGPT lengths at 7 req/s) carries about four times the
-    tokens per trace-second of the real traces, so it replays a quarter of the window: every workload then
-    costs about the same to simulate."""
-    return cfg.window_s / 4 if trace == "multi" else cfg.window_s
+    """The replayed window of a trace: `cfg.window_s` when set ("multi", ShareGPT lengths at 7 req/s,
+    carries about four times the tokens per trace-second of the real traces and replays a quarter of
+    it), else the shortest window holding `cfg.min_requests` requests."""
+    if cfg.window_s is not None:
+        return cfg.window_s / 4 if trace == "multi" else cfg.window_s
+    return window_for(trace, cfg.min_requests, seed=cfg.seed, max_context=cfg.setup.max_context)
 
 
 @dataclass(frozen=True)
 class Workload:
     trace: str
     requests: int
+    window_s: float
     base_rate: float  # requests per second at rate_scale 1
     load_at_1: float  # nominal load at rate_scale 1
     slo: SLO
@@ -67,22 +88,23 @@ def _workload(trace: str, cfg: ReportConfig) -> Workload:
     window = window_s(trace, cfg)
     base = load_workload(trace, window, seed=cfg.seed, max_context=cfg.setup.max_context)
     window_ns = int(window * NS_PER_S)
-    return Workload(trace, len(base), len(base) / window, nominal_load(base, window_ns, cfg.setup),
+    return Workload(trace, len(base), window, len(base) / window, nominal_load(base, window_ns, cfg.setup),
                     default_slo(base, cfg.setup, cfg.ttft_slo_scale, cfg.gap_slo_scale))
 
 
-def run_task(trace: str, scheduler: str, cfg: ReportConfig, wl: Workload) -> dict:
-    """Loads and goodput sweep of one scheduler on one trace (module level, so workers can run it)."""
+def run_task(trace: str, scheduler: str, seed: int, cfg: ReportConfig, wl: Workload) -> dict:
+    """Loads and goodput sweep of one scheduler on one trace with one seed (module level, so workers
+    can run it). The workload is the same for every seed; the seed moves SimCore's timing noise (and
+    the acceptance draws of speculative runs)."""
     t0 = time.perf_counter()
-    window = window_s(trace, cfg)
-    base = load_workload(trace, window, seed=cfg.seed, max_context=cfg.setup.max_context)
+    base = load_workload(trace, wl.window_s, seed=cfg.seed, max_context=cfg.setup.max_context)
     runs: dict[float, object] = {}
 
     def run(load: float):
         if load not in runs:
             scale = load / wl.load_at_1
-            runs[load] = run_workload(scheduler, rescale(base, scale), cfg.setup, seed=cfg.seed, slo=wl.slo,
-                                      scale=scale, arrival_window_ns=int(window / scale * NS_PER_S),
+            runs[load] = run_workload(scheduler, rescale(base, scale), cfg.setup, seed=seed, slo=wl.slo,
+                                      scale=scale, arrival_window_ns=int(wl.window_s / scale * NS_PER_S),
                                       progress=False)
         return runs[load]
 
@@ -94,16 +116,17 @@ def run_task(trace: str, scheduler: str, cfg: ReportConfig, wl: Workload) -> dic
                        "ttft_ms": np.array([v for log in logs if (v := ttft_ms(log)) is not None]),
                        "gaps_ms": np.concatenate([request_gaps_ms(log) for log in logs] or [np.zeros(0)])}
         r.sim = None  # the logs are summarized; free them before the sweep
+
     def metrics_at(load: float):
         r = run(load)
         r.sim = None  # the sweep needs the metrics only
         return r.metrics
 
     sweep = goodput_sweep(metrics_at, loads_of(trace, cfg.sweep), target=wl.slo.target, refine=cfg.refine,
-                          extend_down=cfg.extend_down)
+                          extend_down=cfg.extend_down, resolution=cfg.resolution)
     points = sorted((load, r.metrics.offered_rate, r.metrics.slo_attainment) for load, r in runs.items())
-    return {"trace": trace, "scheduler": scheduler, "loads": loads, "goodput": sweep, "points": points,
-            "runs": len(runs), "wall_s": time.perf_counter() - t0}
+    return {"trace": trace, "scheduler": scheduler, "seed": seed, "loads": loads, "goodput": sweep,
+            "points": points, "runs": len(runs), "wall_s": time.perf_counter() - t0}
 
 
 def usable_schedulers(names, setup: Setup) -> tuple[list[str], dict[str, str]]:
@@ -126,27 +149,35 @@ def run_report(cfg: ReportConfig, out_dir: str | os.PathLike, *, command: str = 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     schedulers, skipped = usable_schedulers(cfg.schedulers, cfg.setup)
+    variants, skipped_variants = usable_schedulers(cfg.ablation, cfg.setup)
+    skipped.update(skipped_variants)
     workloads = {t: _workload(t, cfg) for t in cfg.traces}
-    tasks = [(t, s) for t in cfg.traces for s in schedulers]
-    results: dict[tuple[str, str], dict] = {}
+    pairs = [(t, s) for t in cfg.traces for s in schedulers]
+    pairs += [(t, v) for t in cfg.traces if t in cfg.ablation_traces for v in variants if v not in schedulers]
+    tasks = [(t, s, seed) for t, s in pairs for seed in cfg.seeds]
+    # Longest first (Helios on the long-prompt trace): the pool's last task then ends soonest.
+    tasks.sort(key=lambda k: (not k[1].startswith("helios"), k[0] != "mooncake"))
+    per_seed: dict[tuple[str, str, int], dict] = {}
     bar = _bar(len(tasks), progress)
     if cfg.jobs > 1 and len(tasks) > 1:
         with ProcessPoolExecutor(max_workers=cfg.jobs) as pool:
-            futures = {pool.submit(run_task, t, s, cfg, workloads[t]): (t, s) for t, s in tasks}
+            futures = {pool.submit(run_task, t, s, seed, cfg, workloads[t]): (t, s, seed) for t, s, seed in tasks}
             for fut in as_completed(futures):
-                results[futures[fut]] = fut.result()
+                per_seed[futures[fut]] = fut.result()
                 _tick(bar, futures[fut])
     else:
-        for t, s in tasks:
-            results[(t, s)] = run_task(t, s, cfg, workloads[t])
-            _tick(bar, (t, s))
+        for t, s, seed in tasks:
+            per_seed[(t, s, seed)] = run_task(t, s, seed, cfg, workloads[t])
+            _tick(bar, (t, s, seed))
     if bar is not None:
         bar.close()
+    results = {(t, s): combine([per_seed[(t, s, seed)] for seed in cfg.seeds]) for t, s in pairs}
     figures = _figures(cfg, schedulers, results, workloads, out)
     wall = time.perf_counter() - t0
-    _write_json(cfg, schedulers, results, workloads, out / "results.json", wall)
+    _write_json(cfg, [s for _, s in pairs], results, workloads, out / "results.json", wall)
     path = out / "report.md"
-    path.write_text(write_markdown(cfg, schedulers, skipped, results, workloads, figures, command, wall))
+    text = write_markdown(cfg, schedulers, skipped, results, workloads, figures, command, wall, variants)
+    path.write_text(text)
     return path
 
 
@@ -160,30 +191,38 @@ def _figures(cfg, schedulers, results, workloads, out: Path) -> dict[str, list[s
         gaps = {load: {s: results[(trace, s)]["loads"][load]["gaps_ms"] for s in schedulers} for load in loads}
         points = {s: results[(trace, s)]["points"] for s in schedulers}
         goodput = {s: results[(trace, s)]["goodput"].goodput for s in schedulers}
-        names = [f"ttft_cdf_{trace}.png", f"gaps_{trace}.png", f"goodput_{trace}.png"]
-        plots.ttft_cdf(ttft, f"{trace}: TTFT CDF", out / names[0])
-        plots.gap_ccdf(gaps, f"{trace}: inter-delivery gaps", out / names[1])
+        pareto = {s: [(load, results[(trace, s)]["loads"][load]["metrics"]["gap_p99_ms"],
+                       results[(trace, s)]["loads"][load]["metrics"]["ttft_p99_ms"]) for load in loads]
+                  for s in schedulers}
+        label = trace_label(trace)
+        names = [f"ttft_cdf_{label}.png", f"gaps_{label}.png", f"goodput_{label}.png", f"pareto_{label}.png"]
+        plots.ttft_cdf(ttft, f"{label}: TTFT CDF", out / names[0])
+        plots.gap_ccdf(gaps, f"{label}: inter-delivery gaps", out / names[1])
         plots.attainment_vs_rate(points, workloads[trace].slo.target, goodput,
-                                 f"{trace}: SLO attainment vs request rate", out / names[2])
+                                 f"{label}: SLO attainment vs request rate", out / names[2])
+        plots.pareto(pareto, workloads[trace].slo, f"{label}: TTFT p99 vs gap p99 over loads (seed mean)",
+                     out / names[3])
         figures[trace] = names
     return figures
 
 
-def _write_json(cfg, schedulers, results, workloads, path: Path, wall: float) -> None:
-    def goodput(g: GoodputResult) -> dict:
-        return {"goodput": g.goodput, "load": g.scale, "status": g.status, "points": g.points}
+def _write_json(cfg, names, results, workloads, path: Path, wall: float) -> None:
+    def goodput(g) -> dict:
+        return {"goodput": g.goodput, "min": g.low, "max": g.high, "per_seed": g.per_seed,
+                "status": g.status}
 
-    doc = {"wall_s": wall, "window_s": cfg.window_s, "loads": cfg.loads, "seed": cfg.seed,
-           "cost_model": cfg.setup.cost_model, "mixed_prefill": cfg.setup.mixed_prefill,
+    doc = {"wall_s": wall, "windows_s": {t: w.window_s for t, w in workloads.items()}, "loads": cfg.loads,
+           "seeds": cfg.seeds, "resolution": cfg.resolution, "cost_model": cfg.setup.cost_model,
+           "mixed_prefill": cfg.setup.mixed_prefill,
            "workloads": {t: {"requests": w.requests, "base_rate": w.base_rate, "load_at_1": w.load_at_1,
                              "slo": {"ttft_ms": w.slo.ttft_ms, "gap_ms": w.slo.gap_ms,
                                      "gap_quantile": w.slo.gap_quantile, "target": w.slo.target}}
                          for t, w in workloads.items()},
            "runs": [{"trace": t, "scheduler": s, "goodput": goodput(results[(t, s)]["goodput"]),
                      "simulated_runs": results[(t, s)]["runs"], "task_wall_s": results[(t, s)]["wall_s"],
-                     "loads": {str(load): {"scale": v["scale"], **v["metrics"]}
+                     "loads": {str(load): {"scale": v["scale"], **v["metrics"], "range": v["range"]}
                                for load, v in results[(t, s)]["loads"].items()}}
-                    for t in cfg.traces for s in schedulers]}
+                    for t in cfg.traces for s in dict.fromkeys(names) if (t, s) in results]}
     path.write_text(json.dumps(doc, indent=1, default=float))
 
 
@@ -199,5 +238,5 @@ def _bar(total: int, progress: bool | None):
 
 def _tick(bar, key) -> None:
     if bar is not None:
-        bar.set_postfix_str(f"{key[0]}/{key[1]}")
+        bar.set_postfix_str("/".join(map(str, key)))
         bar.update(1)

@@ -6,7 +6,7 @@ import math
 import os
 
 from helios.graphs import GraphKind
-from helios.sim.experiment import LOAD_FACTOR, load_cost_model, loads_of
+from helios.sim.experiment import LOAD_FACTOR, load_cost_model, loads_of, trace_label
 
 COLUMNS = ("scheduler", "rate (req/s)", "output tok/s", "total tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
            "gap p50 (ms)", "gap p99 (ms)", "e2e p50 (s)", "e2e p99 (s)", "SLO attained", "Jain")
@@ -25,18 +25,35 @@ def _table(header, rows) -> list[str]:
     return lines + [""]
 
 
-def _row(name: str, m: dict) -> list[str]:
+def _row(name: str, r: dict) -> list[str]:
+    m = r["metrics"]
     return [name, _num(m["offered_rate"], 2), _num(m["output_tok_s"]), _num(m["total_tok_s"]),
             _num(m["ttft_p50_ms"]), _num(m["ttft_p99_ms"]), _num(m["gap_p50_ms"]), _num(m["gap_p99_ms"]),
-            _num(m["e2e_p50_ms"] / 1e3, 1), _num(m["e2e_p99_ms"] / 1e3, 1), _num(m["slo_attainment"], 2),
+            _num(_s(m["e2e_p50_ms"]), 1), _num(_s(m["e2e_p99_ms"]), 1), _spread(r, "slo_attainment"),
             _num(m["jain"], 3)]
 
 
+def _s(ms):
+    return None if ms is None else ms / 1e3
+
+
 def _goodput(g) -> str:
-    if g.status == "below":
+    """Mean over seeds, with the range when the seeds differ."""
+    if g.status == "below" and g.high == 0:
         return "0 (fails at the lowest rate)"
     text = f"{g.goodput:.2f}"
+    if g.high > g.low:
+        text += f" [{g.low:.2f}-{g.high:.2f}]"
     return f">= {text} (passes every rate tried)" if g.status == "at-least" else text
+
+
+def _spread(r: dict, key: str, digits: int = 2) -> str:
+    """A metric's seed mean with its [min-max] range (when there is one)."""
+    m, rng = r["metrics"][key], r.get("range", {}).get(key)
+    text = _num(m, digits)
+    if rng is not None and rng[1] > rng[0]:
+        text += f" [{_num(rng[0], digits)}-{_num(rng[1], digits)}]"
+    return text
 
 
 def _setup_lines(cfg) -> list[str]:
@@ -54,25 +71,35 @@ def _setup_lines(cfg) -> list[str]:
         f"graphs (B x C) with C in {', '.join(map(str, s.prefill_chunks))} and B x C <= {max(s.prefill_chunks)}.",
         f"- **Resources** {s.request_slots} request slots, {s.config().kv_pages} KV pages of {s.page_tokens} tokens "
         f"(every slot at its full {s.max_context}-token context, so page reservation never binds).",
+        "- **Mixed graphs** " + ("on for the Helios schedulers (`--mixed-prefill`: the mixed prefill+decode catalog "
+                                 "is added to theirs); the baselines keep their own rules." if s.mixed_prefill else
+                                 "off: Helios runs separate prefill and decode graphs."),
         "- **Warm-up** " + ("every graph measured once before the trace (off the clock), for every scheduler."
                             if s.warmup else "none: graphs are discovered during the trace."),
         f"- **Load factor** {', '.join(f'`{k}` x{v:g}' for k, v in LOAD_FACTOR.items())}: its loads and sweep "
         "points are multiplied by it (short prompts and lenient SLOs: it reaches contention only there).",
-        f"- **Seed** {cfg.seed}; window: the first {cfg.window_s:g} s of each trace in trace time "
-        f"({cfg.window_s / 4:g} s of `multi`, whose tokens per second are four times higher), compressed or "
-        "stretched by the rate scale. Mooncake's arrivals, stamped on a 3-s tick, are spread evenly over their tick.",
+        f"- **Seeds** {', '.join(map(str, cfg.seeds))}: every (trace, scheduler) runs once per seed (SimCore's timing "
+        "noise; `multi`'s arrivals are those of the first seed). Tables give the mean and, in brackets, the range "
+        "over seeds. **Window**: " + (f"the first {cfg.window_s:g} s of each trace ({cfg.window_s / 4:g} s of `multi`)"
+                                       if cfg.window_s is not None else
+                                       f"the shortest start of each trace holding at least {cfg.min_requests:,} "
+                                       "requests (see the workload table)")
+        + ", compressed or stretched by the rate scale. Mooncake's arrivals, stamped on a 3-s tick, are spread "
+        "evenly over their tick.",
         "- **Load** is nominal: device-seconds of work offered per second, each prompt prefilled alone and each "
         "output token at its share of a full decode batch. SLOs break well below load 1 (decode batches are "
         "rarely full, and prefill stalls decode).",
         f"- **Goodput sweep** over loads {', '.join(f'{x:g}' for x in cfg.sweep)}, stopping at the first that "
-        f"fails (halving the load up to {cfg.extend_down} times when the first already fails), then {cfg.refine} "
-        "bisection step(s) at geometric midpoints; goodput is the offered rate (requests/s) of the highest "
-        "passing run.",
+        f"fails (halving the load up to {cfg.extend_down} times when the first already fails), then bisection at "
+        f"geometric midpoints until the passing and failing loads are within {cfg.resolution:.0%} (at most "
+        f"{cfg.refine} steps); goodput is the offered rate (requests/s) of the highest passing run, per seed.",
     ]
 
 
-def write_markdown(cfg, schedulers, skipped, results, workloads, figures, command: str, wall_s: float) -> str:
+def write_markdown(cfg, schedulers, skipped, results, workloads, figures, command: str, wall_s: float,
+                   variants=()) -> str:
     mid = len(cfg.loads) // 2
+    label = {t: trace_label(t) for t in cfg.traces}
     out = ["# Helios simulator report", "",
            f"Generated by: `{command or 'flare sim report'}`", "",
            f"Wall time: {wall_s:.0f} s with {cfg.jobs} worker(s) on a {os.cpu_count()}-CPU machine; "
@@ -84,42 +111,71 @@ def write_markdown(cfg, schedulers, skipped, results, workloads, figures, comman
     out += ["", "## Setup", ""] + _setup_lines(cfg) + ["", "### Workloads and SLOs", ""]
     rows = []
     for t, w in workloads.items():
-        rows.append([t, str(w.requests), _num(w.base_rate, 2), _num(w.load_at_1, 2), _num(w.slo.ttft_ms),
-                     _num(w.slo.gap_ms)])
-    out += _table(("trace", "requests", "rate at scale 1 (req/s)", "nominal load at scale 1", "TTFT SLO (ms)",
+        rows.append([label[t], str(w.requests), _num(w.window_s, 1), _num(w.base_rate, 2), _num(w.load_at_1, 2),
+                     _num(w.slo.ttft_ms), _num(w.slo.gap_ms)])
+    out += _table(("trace", "requests", "window (s)", "rate at scale 1 (req/s)", "nominal load at scale 1",
+                   "TTFT SLO (ms)",
                    f"p{w.slo.gap_quantile * 100:g} gap SLO (ms)" if workloads else "gap SLO (ms)"), rows)
     out += [f"SLOs (docs/simulator.md): TTFT <= {cfg.ttft_slo_scale:g} x the solo prefill of the window's "
             f"90th-percentile prompt, and each request's p99 inter-delivery gap <= {cfg.gap_slo_scale:g} x a "
             "batch-1 decode at the median context; a request attains when it meets both. Goodput: the highest "
             "rate at which at least 90% attain.", ""]
-    out += ["## Headline", "",
-            "Each trace at its middle load.", ""]
+    out += ["## Goodput", "", "Mean over seeds [min-max].", ""]
+    rows = [[s] + [_goodput(results[(t, s)]["goodput"]) for t in cfg.traces] for s in schedulers]
+    out += _table(["scheduler"] + [f"{label[t]} (req/s)" for t in cfg.traces], rows)
+    if variants:
+        out += _ablation(cfg, schedulers, variants, results, mid)
+    out += ["## Headline", "", "Each trace at its middle load; seed means [range].", ""]
     for t in cfg.traces:
         middle = loads_of(t, cfg.loads)[mid]
         rows = []
         for s in schedulers:
-            r = results[(t, s)]
-            m = r["loads"][middle]["metrics"]
-            rows.append([s, _num(m["output_tok_s"]), _num(m["ttft_p50_ms"]), _num(m["ttft_p99_ms"]),
-                         _num(m["gap_p50_ms"]), _num(m["gap_p99_ms"]), _num(m["slo_attainment"], 2),
-                         _goodput(r["goodput"])])
-        out += [f"**{t}**, load {middle:g} "
+            r = results[(t, s)]["loads"][middle]
+            rows.append([s, _num(r["metrics"]["output_tok_s"]), _spread(r, "ttft_p50_ms", 0),
+                         _spread(r, "ttft_p99_ms", 0), _num(r["metrics"]["gap_p50_ms"]),
+                         _spread(r, "gap_p99_ms", 0), _spread(r, "slo_attainment"),
+                         _goodput(results[(t, s)]["goodput"])])
+        out += [f"**{label[t]}**, load {middle:g} "
                 f"({_num(results[(t, schedulers[0])]['loads'][middle]['metrics']['offered_rate'], 2)} req/s)"
-                if schedulers else f"**{t}**", ""]
+                if schedulers else f"**{label[t]}**", ""]
         out += _table(("scheduler", "output tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)", "gap p50 (ms)",
                        "gap p99 (ms)", "SLO attained", "goodput (req/s)"), rows)
-    out += ["## Goodput", ""]
-    rows = [[s] + [_goodput(results[(t, s)]["goodput"]) for t in cfg.traces] for s in schedulers]
-    out += _table(["scheduler"] + [f"{t} (req/s)" for t in cfg.traces], rows)
     for t in cfg.traces:
-        out += [f"## {t}", ""]
+        out += [f"## {label[t]}", ""]
         for load in loads_of(t, cfg.loads):
             scale = results[(t, schedulers[0])]["loads"][load]["scale"] if schedulers else math.nan
-            out += [f"Load {load:g} (rate scale {scale:.3g}):", ""]
-            out += _table(COLUMNS, [_row(s, results[(t, s)]["loads"][load]["metrics"]) for s in schedulers])
+            out += [f"Load {load:g} (rate scale {scale:.3g}); seed means, attainment with its range:", ""]
+            out += _table(COLUMNS, [_row(s, results[(t, s)]["loads"][load]) for s in schedulers])
         for name in figures.get(t, []):
             out += [f"![{name[:-4]}]({name})", ""]
     out += ["Jain: Jain's index over clients of each one's service rate (prompt + output tokens per second) "
             "during the time it had a request waiting for its first token; n/a for single-client traces. "
             "Full numbers: results.json.", ""]
     return "\n".join(out)
+
+
+def _ablation(cfg, schedulers, variants, results, mid: int) -> list[str]:
+    """Helios variants (PolicyConfig overrides on the balanced preset) against helios-balanced."""
+    traces = [t for t in cfg.traces if t in cfg.ablation_traces]
+    names = [s for s in schedulers if s == "helios-balanced"] + [v for v in variants if v != "helios-balanced"]
+    out = ["## Ablation", "",
+           "Helios balanced and its variants (the bracket names the PolicyConfig fields changed from the "
+           "balanced preset; docs/scheduling-utility.md explains each). Goodput: seed mean [range]; the "
+           "other columns at each trace's middle load, seed means.", ""]
+    header = ["variant"]
+    for t in traces:
+        lt = trace_label(t)
+        header += [f"{lt} goodput", f"{lt} TTFT p50", f"{lt} TTFT p99", f"{lt} gap p99", f"{lt} SLO"]
+    rows = []
+    for v in names:
+        row = [f"`{v}`"]
+        for t in traces:
+            r = results.get((t, v))
+            if r is None:
+                row += ["n/a"] * 5
+                continue
+            m = r["loads"][loads_of(t, cfg.loads)[mid]]
+            row += [_goodput(r["goodput"]), _num(m["metrics"]["ttft_p50_ms"]), _num(m["metrics"]["ttft_p99_ms"]),
+                    _num(m["metrics"]["gap_p99_ms"]), _spread(m, "slo_attainment")]
+        rows.append(row)
+    return out + _table(header, rows)

@@ -108,15 +108,77 @@ def load_azure_conv(path: str | os.PathLike[str] | None = None, *, start_s: floa
     Trace time is measured from the first row; rows in [start_s, start_s + duration_s) are kept and arrive
     at (t - start_s) / rate_scale, so rate_scale = 2 doubles the request rate.
     """
-    with open(data_file(AZURE_CONV, path), newline="") as fh:
-        rows = list(csv.DictReader(fh))
-    stamps = np.array([r["TIMESTAMP"].replace(" ", "T") for r in rows], dtype="datetime64[ns]")
-    times_s = (stamps - stamps[0]).astype(np.int64) / NS_PER_S
+    file = data_file(AZURE_CONV, path)
+    rows = _azure_rows(file)
+    times_s = rows[:, 0] - rows[0, 0] if len(rows) else np.zeros(0)
     out = []
     for i in _window(times_s, start_s, duration_s, rate_scale, limit):
-        p, o = clip_lengths(int(rows[i]["ContextTokens"]), int(rows[i]["GeneratedTokens"]), max_context)
+        p, o = clip_lengths(int(rows[i, 1]), int(rows[i, 2]), max_context)
         out.append(TraceRequest(_arrival_ns(times_s[i], start_s, rate_scale), p, o))
     return _sorted(out)
+
+
+AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
+MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length")
+
+
+def _azure_rows(file: Path) -> np.ndarray:
+    """(seconds since the epoch, prompt, output) per row; a ConfigError names a missing column or the
+    first malformed line."""
+    with open(file, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise ConfigError("trace", f"{file}: not an Azure trace CSV: missing column(s) {', '.join(missing)} "
+                              f"(found {', '.join(reader.fieldnames or ()) or 'no header'})")
+        out = []
+        for r in reader:
+            try:
+                t = np.datetime64(r["TIMESTAMP"].strip().replace(" ", "T"), "ns").astype(np.int64) / NS_PER_S
+                out.append((t, int(r["ContextTokens"]), int(r["GeneratedTokens"])))
+            except (ValueError, TypeError, AttributeError) as exc:
+                raise ConfigError("trace", f"{file}, line {reader.line_num}: malformed row {r!r} ({exc})") from None
+    return np.array(out, dtype=np.float64).reshape(-1, 3)
+
+
+def _mooncake_rows(file: Path) -> list[dict]:
+    """The JSON objects of a Mooncake trace; a ConfigError names the first malformed line or field."""
+    rows = []
+    with open(file) as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                r = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ConfigError("trace", f"{file}, line {number}: not JSON ({exc.msg})") from None
+            missing = [k for k in MOONCAKE_FIELDS if not isinstance(r, dict) or k not in r]
+            if missing:
+                raise ConfigError("trace", f"{file}, line {number}: missing field(s) {', '.join(missing)}")
+            if not all(isinstance(r[k], (int, float)) and not isinstance(r[k], bool) for k in MOONCAKE_FIELDS):
+                raise ConfigError("trace", f"{file}, line {number}: {', '.join(MOONCAKE_FIELDS)} must be numbers")
+            rows.append(r)
+    return rows
+
+
+def trace_format(path: str | os.PathLike[str]) -> str:
+    """"azure" or "mooncake", from the file's first non-empty line: a JSON object means the Mooncake
+    JSONL format, anything else the Azure CSV (whose header is then checked when it is read)."""
+    with open(path) as fh:
+        first = next((line for line in fh if line.strip()), "")
+    return "mooncake" if first.lstrip().startswith("{") else "azure"
+
+
+def load_trace_file(path: str | os.PathLike[str], fmt: str | None = None, **window) -> list[TraceRequest]:
+    """A user's trace in the Azure CSV or the Mooncake JSONL format (`fmt`, else detected)."""
+    if not Path(path).is_file():
+        raise ConfigError("trace", f"trace file not found: {path}")
+    fmt = fmt or trace_format(path)
+    if fmt == "azure":
+        return load_azure_conv(path, **window)
+    if fmt == "mooncake":
+        return load_mooncake(path, **window)
+    raise ConfigError("trace", f"unknown trace format {fmt!r}; choose azure or mooncake")
 
 
 def load_mooncake(path: str | os.PathLike[str] | None = None, *, start_s: float = 0.0,
@@ -127,10 +189,9 @@ def load_mooncake(path: str | os.PathLike[str] | None = None, *, start_s: float 
     hash_ids become `prefix_blocks` (one id per 512-token prompt block; equal ids mean a shared prefix),
     truncated to the blocks the clipped prompt still covers. Window options as in `load_azure_conv`.
     """
-    with open(data_file(MOONCAKE_CONV, path)) as fh:
-        rows = [json.loads(line) for line in fh if line.strip()]
+    rows = _mooncake_rows(data_file(MOONCAKE_CONV, path))
     stamps = np.array([int(r["timestamp"]) for r in rows], dtype=np.int64)
-    times_s = (stamps - stamps[0]) / 1000.0
+    times_s = (stamps - stamps[0]) / 1000.0 if len(rows) else np.zeros(0)
     out = []
     for i in _window(times_s, start_s, duration_s, rate_scale, limit):
         r = rows[i]

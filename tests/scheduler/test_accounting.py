@@ -6,6 +6,7 @@ import numpy as np
 
 import pytest
 
+from helios.config import PolicyConfig
 from helios.scheduler import ExecutionTiming
 
 from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, records_for, spec
@@ -14,8 +15,13 @@ TABLE = {decode(1): 10.0, decode(2): 10.0, decode(4): 10.0, prefill(64): 5.0, pr
 TAU = 100.0
 
 
+# These tests check which interval counts, in physical tokens; tests/scheduler/test_normalizers.py
+# checks the phase normalization itself.
+PHYSICAL = PolicyConfig(phase_normalized=False)
+
+
 def two_decoders():
-    s = make(TABLE, config=None)
+    s = make(TABLE, config=None, policy=PHYSICAL)
     a, b = s.admit(spec(out=100), 0), s.admit(spec(out=100), 0)
     d = Driver(s, FixedCosts(TABLE))
     d.run_one()

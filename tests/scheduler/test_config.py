@@ -1,10 +1,11 @@
 """Policy preferences: the spec's defaults table, presets, overrides and validation."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
-from helios.config import PolicyConfig, SchedulerConfig, SchedulerPolicy, preset
+from helios.config import BALANCED_ADAPTATION_MS, PolicyConfig, SchedulerConfig, SchedulerPolicy, preset
 from helios.errors import ConfigError
 
 
@@ -15,8 +16,21 @@ def test_defaults_match_the_spec_table():
     assert (p.adaptation_ms, p.estimate_ttl_ns, p.adaptive_verification_alpha) == (100, 30_000_000_000, 1)
 
 
-def test_balanced_preset_uses_the_default_coefficients():
-    assert preset("balanced") == PolicyConfig()
+def test_balanced_preset_uses_the_default_coefficients_with_the_measured_adaptation_time():
+    # Every preference coefficient is the table's; only tau is the study's (docs/server.md).
+    assert preset("balanced") == replace(PolicyConfig(), adaptation_ms=BALANCED_ADAPTATION_MS)
+    assert preset("throughput").adaptation_ms == BALANCED_ADAPTATION_MS
+
+
+def test_utility_options_are_validated():
+    assert PolicyConfig().phase_normalized and PolicyConfig().stall_pricing
+    assert PolicyConfig().stall_bound_ms is None and not PolicyConfig().gradient_prompt_price
+    for bad in (1, "yes", None):
+        with pytest.raises(ConfigError, match="stall_pricing"):
+            PolicyConfig(stall_pricing=bad)
+    for bad in (0.0, -5.0, math.inf, "300"):
+        with pytest.raises(ConfigError, match="stall_bound_ms"):
+            PolicyConfig(stall_bound_ms=bad)
 
 
 def test_throughput_preset_drops_delivery_fairness_and_decode_age_only():

@@ -42,7 +42,7 @@ def packed_works(shape, lefts):
 
 
 def objective(s, shape, subset, policy, works=None):
-    """The spec's score, unscaled, for one shape and one cohort (`works`: its prompt tokens per
+    """The spec's score with priced stalls, unscaled, for one shape and one cohort (`works`: its prompt tokens per
     row; by default min(C, prompt left))."""
     f, g, beta, c = policy.token_fairness, policy.delivery_fairness, policy.output_token_value, policy.decode_age_price
     t = TABLE[shape]
@@ -63,7 +63,15 @@ def objective(s, shape, subset, policy, works=None):
             value += c * sigma * (age + t)
         else:
             value += (1 + f / x) * work + ((beta + f / x) if work == r.prompt_left else 0.0)
-    return value / t - t / 2 * c * k
+    # Priced stalls (docs/scheduling-utility.md): every active decoder left out owes the growth
+    # of its fairness and delivery prices over T.
+    stalled = 0.0
+    if policy.stall_pricing:
+        served = {r.handle for r in subset} if shape.kind.value == "decode" else set()
+        for r in active:
+            if r.handle not in served:
+                stalled += f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
+    return value / t - t / 2 * c * k - stalled * math.expm1(t / policy.adaptation_ms) / t
 
 
 def packed_upper_bound(s, policy):
@@ -108,7 +116,10 @@ request_state = st.tuples(
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(request_state, min_size=1, max_size=6), st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0),
-                                                                       PolicyConfig(token_fairness=0.0)]))
+                                                                       PolicyConfig(token_fairness=0.0),
+                                                                       # graphs of ~2 tau: stalls dominate
+                                                                       PolicyConfig(adaptation_ms=4.0),
+                                                                       PolicyConfig(stall_pricing=False)]))
 def test_plan_matches_exhaustive_enumeration(states, policy):
     s = make(TABLE, policy=policy)
     now = 1000 * MS

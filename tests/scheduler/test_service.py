@@ -33,7 +33,7 @@ def test_price_growth_reaches_any_bound_without_overflow():
     log_x = 0.0
     for _ in range(100_000):
         log_x = ewma_log(log_x, 1000.0, 0.0, 100.0)
-    lp, lo, _ = log_prices(np.array([log_x]), np.array([math.nan]), K)
+    lp, lo, _, _ = log_prices(np.array([log_x]), np.array([math.nan]), K)
     assert lp[0] > 9_000 and math.isfinite(lp[0]) and math.isfinite(lo[0])
 
 
@@ -77,7 +77,7 @@ def test_choices_do_not_change_under_the_shared_scale(monkeypatch, shift):
 
 def test_zero_coefficients_remove_their_preference():
     k = PriceCoefficients.of(PolicyConfig(token_fairness=0, delivery_fairness=0))
-    lp, lo, ld = log_prices(np.array([-30.0, 5.0]), np.array([-30.0, 5.0]), k)
+    lp, lo, ld, _ = log_prices(np.array([-30.0, 5.0]), np.array([-30.0, 5.0]), k)
     assert np.allclose(lp, 0.0)  # prefill token price is exactly 1
     assert np.allclose(lo, math.log(64))  # output token price is exactly beta
     assert np.all(np.isneginf(ld))  # no delivery price

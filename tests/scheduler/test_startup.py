@@ -10,7 +10,7 @@ burst (one token without speculation).
 
 import pytest
 
-from helios.config import SchedulerConfig
+from helios.config import PolicyConfig, SchedulerConfig, preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog
 from helios.scheduler import RequestSpec
@@ -28,9 +28,11 @@ STARTUP_CATALOG = {
 
 @pytest.mark.parametrize("n", [5, 16])
 @pytest.mark.parametrize("noise", [0.0, 0.05])
-def test_startup_trace_first_output_gaps_and_progress_spread(n, noise):
+@pytest.mark.parametrize("policy", ["table", "balanced"])  # the spec's table and the balanced preset
+def test_startup_trace_first_output_gaps_and_progress_spread(n, noise, policy):
     costs = FixedCosts(STARTUP_CATALOG)
-    s = make(STARTUP_CATALOG, config=SchedulerConfig(kv_pages=1 << 16))
+    policy = PolicyConfig() if policy == "table" else preset("balanced")
+    s = make(STARTUP_CATALOG, config=SchedulerConfig(kv_pages=1 << 16), policy=policy)
     core = SimCore(Catalog(STARTUP_CATALOG), costs, seed=n, noise=noise)
     sim = Simulation(s, core)
     sim.add(Arrival(0, RequestSpec(64, 10_000)) for _ in range(n))

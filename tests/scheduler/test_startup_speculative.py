@@ -11,7 +11,7 @@ eight-token burst.
 import numpy as np
 import pytest
 
-from helios.config import SchedulerConfig, SpeculationMode
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog
 from helios.prepare import speculative_shapes
@@ -41,9 +41,11 @@ def catalog_table():
 @pytest.mark.parametrize("n", [5, 16])
 @pytest.mark.parametrize("accepted", [0, 3, 7])
 @pytest.mark.parametrize("preseeded", [False, True])
-def test_speculative_startup_trace(n, accepted, preseeded):
+@pytest.mark.parametrize("policy", ["table", "balanced"])  # the spec's table and the balanced preset
+def test_speculative_startup_trace(n, accepted, preseeded, policy):
     table = catalog_table()
-    s = Scheduler(Catalog(table), config=SchedulerConfig(kv_pages=1 << 16, speculation=SpeculationMode.ADAPTIVE))
+    s = Scheduler(Catalog(table), PolicyConfig() if policy == "table" else preset("balanced"),
+                  config=SchedulerConfig(kv_pages=1 << 16, speculation=SpeculationMode.ADAPTIVE))
     for shape, ms in table.items():
         s.costs.observe(shape, int(ms * 1e6), 0)
     if preseeded:

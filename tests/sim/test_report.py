@@ -19,7 +19,7 @@ def test_report_writes_markdown_and_plots(tmp_path):
     assert "| helios-balanced |" in text and "## Goodput" in text
     assert "no-such-scheduler" in text.split("## Setup")[0]  # reported as skipped
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    assert pngs == ["gaps_azure.png", "goodput_azure.png", "ttft_cdf_azure.png"]
+    assert pngs == ["gaps_azure.png", "goodput_azure.png", "pareto_azure.png", "ttft_cdf_azure.png"]
     assert all((tmp_path / p).stat().st_size > 1000 for p in pngs)
     doc = json.loads((tmp_path / "results.json").read_text())
     assert [r["scheduler"] for r in doc["runs"]] == ["helios-balanced"]
