@@ -33,6 +33,12 @@ def ordinary_depths(winner: Candidate, pool: LanePool) -> np.ndarray:
     return depths
 
 
+def probe_key(c: Candidate, ordinary_score: float, added_weight: float) -> tuple:
+    """Larger is better: optimistic score improvement per physical execution time, then the
+    least-informed added prefix, the shorter execution, the smaller geometry."""
+    return ((c.score - ordinary_score) / c.t_ms, -added_weight, -c.t_ms, tuple(-x for x in c.shape.capacities()))
+
+
 def probe_choice(shapes, costs, pool: LanePool, waiting: float, device: bool, winner: Candidate,
                  optimistic: np.ndarray, weights: np.ndarray, alpha: float) -> Candidate | None:
     """The best acceptance probe against the ordinary `winner`, or None.
@@ -60,9 +66,8 @@ def probe_choice(shapes, costs, pool: LanePool, waiting: float, device: bool, wi
         if not np.count_nonzero(added):
             continue
         # The first added position of each added lane: how informed the new prefix already is.
-        lanes, first = members[added], base_depth[members[added]]
-        info = float(weights[lanes, first].min())
-        key = ((c.score - winner.score) / c.t_ms, -info, -c.t_ms, tuple(-x for x in c.shape.capacities()))
+        lanes = members[added]
+        key = probe_key(c, winner.score, float(weights[lanes, base_depth[lanes]].min()))
         if best is None or key > best_key:
             best, best_key = c, key
     return best
