@@ -120,7 +120,8 @@ class SimCore:
         depth = plan.shape.proposal_depth
         cond, joint = [], []
         for lane in plan.lanes:
-            c = (self.acceptance.conditional(lane.handle, depth) if self.acceptance is not None and depth
+            # Asked at every width, one included: an acceptance that changes mid-stream counts rounds.
+            c = (self.acceptance.conditional(lane.handle, depth) if self.acceptance is not None
                  else np.full(depth, 0.5))
             cond.append(np.asarray(c, dtype=float)[:depth])
             # The device's confidence is a noisy view of the true acceptance, causal by construction.

@@ -29,7 +29,7 @@ class Ledger:
         self.num, self.den, self.cap_ns = num, den, cap_ns
         self._units = 0  # credit * den, in ns: integer arithmetic keeps the thresholds exact
         self.episode: Fence | None = None  # the open episode's fence
-        self.last_paid_ns: int | None = None
+        self.paid_ns = 0  # every episode's payment, in total
 
     @property
     def rate(self) -> float:
@@ -54,7 +54,7 @@ class Ledger:
         if self.episode == fence:
             self.episode = None
         self._units -= int(paid_ns) * self.den
-        self.last_paid_ns = int(paid_ns)
+        self.paid_ns += int(paid_ns)
 
     def idle(self) -> None:
         if self._units > 0:
