@@ -8,6 +8,10 @@ the run. Each run serves `concurrency` requests of 64-token prompts and 256 outp
 completion; useful tokens/s = committed output tokens / makespan. Printed as ratios to the best
 fixed K at each concurrency, all measured in this one run.
 
+Then one line per exploration demonstration (helios/sim/exploration_demo.py): a graph whose
+duration drifts (timing refresh), and acceptance that turns from zero to high mid-stream
+(acceptance learning), each against the same run with a ledger that never earns.
+
 Run: .venv/bin/python bench/adaptive_speculation.py [--quick]
 """
 
@@ -19,6 +23,7 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
 from helios.scheduler import RequestSpec, Scheduler
 from helios.sim.acceptance import AcceptanceModel
+from helios.sim import exploration_demo
 from helios.sim.costmodel import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation
 
@@ -65,6 +70,25 @@ def main():
             cells = "  ".join(f"{f / best:6.3f}" for f in fixed)
             print(f"{c:>4}  {cells}  {adaptive / best:8.3f}   best fixed K={fixed.index(best)} "
                   f"at {best:,.0f} tok/s; adaptive {adaptive:,.0f} tok/s")
+
+    demonstrations()
+
+
+def demonstrations():
+    print("\nexploration demonstrations (SimCore; with the ledger / with a ledger that never earns)")
+    on, off = exploration_demo.drift(True), exploration_demo.drift(False)
+    print(f"drift: W=6 30% slower from 1 s to 4 s; last 2 s of 9: {on.tokens_per_s:,.0f} tok/s with timing "
+          f"refresh, {off.tokens_per_s:,.0f} without ({on.tokens_per_s / off.tokens_per_s:.2f}x); "
+          f"{on.executions['timing_refresh']} refreshes; final width {_width(on)} vs {_width(off)}")
+    on, off = exploration_demo.acceptance(True), exploration_demo.acceptance(False)
+    print(f"acceptance: 4 streams, zero for 300 rounds then 0.9; 2.5-7 s: {on.tokens_per_s:,.0f} tok/s with "
+          f"acceptance learning, {off.tokens_per_s:,.0f} without ({on.tokens_per_s / off.tokens_per_s:.2f}x); "
+          f"{on.executions['acceptance_learning']} probes; mean width {_width(on)} vs {_width(off)}")
+
+
+def _width(result):
+    shapes = result.final_shapes
+    return f"{sum(s.token_capacity * n for s, n in shapes.items()) / max(1, sum(shapes.values())):.1f}"
 
 
 if __name__ == "__main__":
