@@ -10,7 +10,7 @@ fixed K at each concurrency, all measured in this one run.
 
 Then one line per exploration demonstration (helios/sim/exploration_demo.py): a graph whose
 duration drifts (timing refresh), and acceptance that turns from zero to high mid-stream
-(acceptance learning), each against the same run with a ledger that never earns.
+(acceptance learning), each against the same run with ledgers that never earn.
 
 Run: .venv/bin/python bench/adaptive_speculation.py [--quick]
 """
@@ -87,8 +87,8 @@ def demonstrations():
 
 
 def _width(result):
-    shapes = result.final_shapes
-    return f"{sum(s.token_capacity * n for s, n in shapes.items()) / max(1, sum(shapes.values())):.1f}"
+    widths = result.final_widths
+    return f"{sum(w * n for w, n in widths.items()) / max(1, sum(widths.values())):.1f}"
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from helios.scheduler.accounting import Publications
 from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.exploration import Exploration
-from helios.scheduler.learning import acceptance_probe
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
 from helios.scheduler.plan import (
     NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, PlanTrace,
@@ -56,7 +55,7 @@ class Scheduler:
         self.requests = RequestTable(self.config.draft_capacity)
         self.publications = Publications(self.requests, self.policy.adaptation_ms)
         self.stats = ExecutionStats()
-        self.exploration = Exploration()  # timing-refresh and acceptance-learning ledgers
+        self.exploration = Exploration(self.config.funded_exploration)  # timing refresh, acceptance learning
         self.traces: deque[PlanTrace] = deque(maxlen=4096)
         self.now_ns = 0
         self._next_handle = 0
@@ -155,18 +154,9 @@ class Scheduler:
         budget = Budget(self.resources.free_slots, self.resources.free_pages)
         for kind, (pool, _) in view.prefill.items():
             candidates += prefill_candidates(self.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
-        winner = best(candidates)
-        # Funded exploration may displace the ordinary winner; timing refresh takes precedence.
-        explore = self.exploration
-        chosen = explore.refresh_choice(candidates, winner, self.costs.last_valid_ns)
-        if chosen is not None:
-            return self._plan_from(chosen, view, SelectionReason.TIMING_REFRESH)
-        if (self.config.speculation is SpeculationMode.ADAPTIVE and winner is not None
-                and explore.learning.funded() and explore.refresh.episode is None):
-            chosen = acceptance_probe(self, view, costs, winner, device)
-            if chosen is not None:
-                return self._plan_from(chosen, view, SelectionReason.ACCEPTANCE_LEARNING)
-        return self._plan_from(winner, view)
+        # Funded exploration may displace the ordinary winner.
+        chosen, reason = self.exploration.choose(self, candidates, best(candidates), view, costs, device)
+        return self._plan_from(chosen, view, reason)
 
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""

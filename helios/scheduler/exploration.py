@@ -15,8 +15,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from helios.config import SpeculationMode
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
+from helios.scheduler.learning import acceptance_probe
 from helios.scheduler.plan import Fence, SelectionReason
 
 CAP_NS = 5_000_000
@@ -72,9 +74,10 @@ class Credits:
 class Exploration:
     """The two ledgers, and the last attempted dispatch of each graph (timing-refresh ordering)."""
 
-    def __init__(self):
-        self.refresh = Ledger(2, 998)
-        self.learning = Ledger(1, 99)
+    def __init__(self, funded: bool = True):
+        # Unfunded: ledgers that never earn, so no episode ever starts.
+        self.refresh = Ledger(2 if funded else 0, 998)
+        self.learning = Ledger(1 if funded else 0, 99)
         self.attempts: dict[GraphShape, int] = {}
 
     def credits(self) -> Credits:
@@ -86,6 +89,20 @@ class Exploration:
         if reason is SelectionReason.ACCEPTANCE_LEARNING:
             return self.learning
         return None
+
+    def choose(self, sched, candidates, winner, view, costs, device: bool):
+        """The candidate to run and its execution class (None: ordinary or discovery, by its
+        duration): a funded timing refresh, else a funded acceptance probe (adaptive speculation
+        only, and never while a refresh episode is open), else the ordinary winner."""
+        chosen = self.refresh_choice(candidates, winner, sched.costs.last_valid_ns)
+        if chosen is not None:
+            return chosen, SelectionReason.TIMING_REFRESH
+        if (sched.config.speculation is SpeculationMode.ADAPTIVE and winner is not None
+                and self.learning.funded() and self.refresh.episode is None):
+            chosen = acceptance_probe(sched, view, costs, winner, device)
+            if chosen is not None:
+                return chosen, SelectionReason.ACCEPTANCE_LEARNING
+        return winner, None
 
     def refresh_choice(self, candidates, winner, last_valid):
         """The stale alternative a funded refresh runs instead of the measured winner, or None.

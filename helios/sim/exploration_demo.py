@@ -8,8 +8,8 @@ acceptance  requests whose acceptance is zero for their first rounds, then high.
             back to width one, where rounds supply no acceptance observations; funded acceptance
             probes notice the change and deeper speculation returns.
 
-`funded=False` runs the same workload with a ledger that never earns: the counterfactual in which
-the first estimate lasts for the rest of the run.
+`funded=False` runs the same workload with ledgers that never earn (SchedulerConfig.funded_exploration):
+the counterfactual in which the first estimate lasts for the rest of the run.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
 from helios.scheduler import RequestSpec, Scheduler
-from helios.scheduler.exploration import Ledger
 from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation
@@ -35,7 +34,7 @@ SECOND = 1_000_000_000
 class DemoResult:
     tokens_per_s: float  # over the run's final window
     executions: dict  # execution class -> count
-    final_shapes: Counter  # ordinary shapes chosen in the final window
+    final_widths: Counter  # speculative width W -> rounds executed in the measured window
     sim: Simulation
 
 
@@ -46,9 +45,9 @@ def _catalog(widths, max_batch):
 
 def _window(sim: Simulation, start_ns: int, end_ns: int):
     tokens = sum(n for log in sim.logs.values() for t, n in log.publications if start_ns <= t < end_ns)
-    shapes = Counter(t.shape for t in sim.scheduler.traces
-                     if start_ns <= t.committed_ns < end_ns and t.reason.value == "ordinary")
-    return tokens / ((end_ns - start_ns) / 1e9), shapes
+    widths = Counter(int(st.label.split("W=")[1].split(",")[0]) for st in sim.steps
+                     if start_ns <= st.start_ns < end_ns and st.label.startswith("speculative"))
+    return tokens / ((end_ns - start_ns) / 1e9), widths
 
 
 def _result(sim, start_ns, end_ns) -> DemoResult:
@@ -63,10 +62,9 @@ def drift(funded: bool = True, seed: int = 1, slow=(1 * SECOND, 4 * SECOND), end
     base = SyntheticCostModel.realistic_small()
     model = DriftingCostModel(base, lambda s: s.token_capacity == width, 1.3, *slow)
     # Host allocation with every width competing, and no acceptance probes: timing refresh alone.
-    s = Scheduler(cat, PolicyConfig(estimate_ttl_ns=SECOND), SchedulerConfig(speculation=SpeculationMode.FIXED))
+    s = Scheduler(cat, PolicyConfig(estimate_ttl_ns=SECOND),
+                  SchedulerConfig(speculation=SpeculationMode.FIXED, funded_exploration=funded))
     s.seed_costs({shape: [base.duration_ns(shape, [64])] for shape in cat}, 0)
-    if not funded:
-        s.exploration.refresh = Ledger(0, 1)
     core = SimCore(cat, model, seed=seed, noise=0.02, acceptance=AcceptanceModel(seed=seed, spread=0.0))
     sim = Simulation(s, core)
     sim.add([Arrival(0, RequestSpec(64, 1 << 20))])
@@ -79,10 +77,8 @@ def acceptance(funded: bool = True, seed: int = 1, concurrency: int = 4, switch_
     """Acceptance zero for each request's first `switch_rounds` rounds, then 0.9 per position."""
     cat = _catalog(range(1, 9), 4)
     model = SyntheticCostModel.realistic_small()
-    s = Scheduler(cat, PolicyConfig(), SchedulerConfig(speculation=SpeculationMode.ADAPTIVE))
+    s = Scheduler(cat, PolicyConfig(), SchedulerConfig(speculation=SpeculationMode.ADAPTIVE, funded_exploration=funded))
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
-    if not funded:
-        s.exploration.learning = Ledger(0, 1)
     phased = PhasedAcceptance(AcceptanceModel([0.0] * 8, spread=0.0), AcceptanceModel([0.9] * 8, spread=0.0),
                               switch_rounds)
     core = SimCore(cat, model, seed=seed, noise=0.02, acceptance=phased)

@@ -71,7 +71,7 @@ def test_episode_time_stays_within_each_ledgers_share_of_ordinary_time_plus_one_
 def test_drift_refresh_notices_the_recovered_graph_and_selection_follows():
     funded = exploration_demo.drift(funded=True)
     unfunded = exploration_demo.drift(funded=False)
-    six, four = (max(r.final_shapes, key=r.final_shapes.get).token_capacity for r in (funded, unfunded))
+    six, four = (max(r.final_widths, key=r.final_widths.get) for r in (funded, unfunded))
     assert funded.executions["timing_refresh"] >= 1 and unfunded.executions["timing_refresh"] == 0
     assert (six, four) == (6, 4)  # the never-measured-again outcome keeps the slower choice
     assert funded.tokens_per_s > 1.1 * unfunded.tokens_per_s
@@ -81,8 +81,8 @@ def test_acceptance_learning_recovers_deeper_speculation_after_acceptance_turns_
     funded = exploration_demo.acceptance(funded=True)
     unfunded = exploration_demo.acceptance(funded=False)
     assert funded.executions["acceptance_learning"] >= 1
-    width = sum(s.token_capacity * n for s, n in funded.final_shapes.items()) / sum(funded.final_shapes.values())
+    width = sum(w * n for w, n in funded.final_widths.items()) / sum(funded.final_widths.values())
     assert width >= 6
     # Without probes, width-one rounds supply no acceptance observations: width one all along.
-    assert {s.token_capacity for s in unfunded.final_shapes} == {1}
+    assert set(unfunded.final_widths) == {1}
     assert funded.tokens_per_s > 2 * unfunded.tokens_per_s
