@@ -4,7 +4,11 @@ Acceptance: the per-position curve measured on MT-Bench in vLLM (PR 26498, via
 data/specdecode_per_position_acceptance_vllm_issues.csv) with per-request variation
 (AcceptanceModel: each request's rates scaled by 2*Beta(k, k), sd 0.25). Durations: the
 synthetic ~7B-on-H100 model (SyntheticCostModel.realistic_small), every graph measured before
-the run. Each run serves `concurrency` requests of 64-token prompts and 256 output tokens to
+the run, with a 200 ms freshness interval (TTL_NS). Acceptance draws are paired (SimCore's
+paired_acceptance): a request's draft at output position i is accepted on the same uniform draw in
+every run, so fixed and adaptive widths are compared on the same luck rather than on independent
+streams whose spread (several percent at 256 tokens) exceeds the differences being measured.
+Each run serves `concurrency` requests of 64-token prompts and 256 output tokens to
 completion; useful tokens/s = committed output tokens / makespan. Printed as ratios to the best
 fixed K at each concurrency, all measured in this one run.
 
@@ -16,6 +20,7 @@ Run: .venv/bin/python bench/adaptive_speculation.py [--quick]
 """
 
 import sys
+from dataclasses import replace
 
 from helios.config import SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
@@ -28,6 +33,11 @@ from helios.sim.costmodel import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation
 
 R = 256  # --speculative-token-capacity
+# Timing freshness matched to the run: contexts grow from 64 to 320 tokens within about two seconds,
+# so a cost sample taken at the start no longer describes a graph late in the run. A stale entry is
+# replaced by its next valid observation instead of being blended into a median with samples from a
+# much shorter context (the lag that kept adaptive below the best fixed width at 4 and 16 streams).
+TTL_NS = 200_000_000
 
 
 def catalog(widths, max_batch):
@@ -43,9 +53,9 @@ def run(concurrency, widths, mode, seed, output=256, policy="balanced"):
     cat = catalog(widths, 64)
     model = SyntheticCostModel.realistic_small()
     config = SchedulerConfig(kv_pages=1 << 16, speculation=mode)
-    s = Scheduler(cat, preset(policy), config)
+    s = Scheduler(cat, replace(preset(policy), estimate_ttl_ns=TTL_NS), config)
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
-    core = SimCore(cat, model, seed=seed, noise=0.03, acceptance=AcceptanceModel(seed=seed))
+    core = SimCore(cat, model, seed=seed, noise=0.03, acceptance=AcceptanceModel(seed=seed), paired_acceptance=True)
     sim = Simulation(s, core)
     sim.add(Arrival(0, RequestSpec(64, output)) for _ in range(concurrency))
     sim.run()
