@@ -9,10 +9,8 @@ instead of the historical means, that
     the probe's width after it).
 Candidates rank by optimistic score improvement per physical execution time; equal gains prefer
 the least-informed added prefix (smallest aged weight), then the shorter execution, then the
-smaller physical geometry. Any measured program can probe; a probe is charged to the acceptance
-ledger alone, even when its program was stale (its dispatch then needs an empty queue, and its
-timing refreshes the estimate as ordinary service would), so the two ledgers never charge the same
-execution.
+smaller physical geometry. Only fresh measured programs probe: a stale one is timing refresh's,
+so the two ledgers never fund the same execution.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ def probe_choice(shapes, costs, pool: LanePool, waiting: float, device: bool, wi
         return None  # discovery goes first: an unknown duration has no rate to beat
     probing = []
     for shape in shapes:
-        if shape.proposal_depth >= 1 and costs(shape)[1] is not CostState.UNKNOWN:
+        if shape.proposal_depth >= 1 and costs(shape)[1] is CostState.FRESH:
             probing.append(shape)
     if not probing:
         return None
