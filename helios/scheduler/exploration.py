@@ -22,6 +22,9 @@ from helios.scheduler.learning import acceptance_probe
 from helios.scheduler.plan import Fence, SelectionReason
 
 CAP_NS = 5_000_000
+# After a funded probe search finds nothing, skip the search for this many completed frames: the
+# search roughly doubles a speculative decision's cost, and little changes from frame to frame.
+PROBE_SEARCH_BACKOFF = 8
 
 
 class Ledger:
@@ -32,6 +35,7 @@ class Ledger:
         self._units = 0  # credit * den, in ns: integer arithmetic keeps the thresholds exact
         self.episode: Fence | None = None  # the open episode's fence
         self.paid_ns = 0  # every episode's payment, in total
+        self.episodes = 0  # closed episodes
 
     @property
     def rate(self) -> float:
@@ -57,6 +61,7 @@ class Ledger:
             self.episode = None
         self._units -= int(paid_ns) * self.den
         self.paid_ns += int(paid_ns)
+        self.episodes += 1
 
     def idle(self) -> None:
         if self._units > 0:
@@ -79,6 +84,7 @@ class Exploration:
         self.refresh = Ledger(2 if funded else 0, 998)
         self.learning = Ledger(1 if funded else 0, 99)
         self.attempts: dict[GraphShape, int] = {}
+        self._probe_backoff = 0  # completed frames before the next probe search
 
     def credits(self) -> Credits:
         return Credits(self.refresh.credit_ns, self.learning.credit_ns)
@@ -97,11 +103,12 @@ class Exploration:
         chosen = self.refresh_choice(candidates, winner, sched.costs.last_valid_ns)
         if chosen is not None:
             return chosen, SelectionReason.TIMING_REFRESH
-        if (sched.config.speculation is SpeculationMode.ADAPTIVE and winner is not None
+        if (sched.config.speculation is SpeculationMode.ADAPTIVE and winner is not None and not self._probe_backoff
                 and self.learning.funded() and self.refresh.episode is None):
             chosen = acceptance_probe(sched, view, costs, winner, device)
             if chosen is not None:
                 return chosen, SelectionReason.ACCEPTANCE_LEARNING
+            self._probe_backoff = PROBE_SEARCH_BACKOFF
         return winner, None
 
     def refresh_choice(self, candidates, winner, last_valid):
@@ -133,6 +140,8 @@ class Exploration:
                   estimate_ns: int | None) -> None:
         """`raw_ns`: the frame's measured interval (for an isolated frame, the larger of its device
         interval and wall time); `valid`: it had a positive device interval."""
+        if self._probe_backoff:
+            self._probe_backoff -= 1
         if reason is SelectionReason.ORDINARY:
             if valid and raw_ns:
                 self.refresh.earn(raw_ns)

@@ -174,3 +174,20 @@ def test_forecast_observations_stop_at_the_lanes_frozen_ceiling():
     weights = forecast.weights[s.requests.row(h)]  # one token left: the request is still live
     assert weights[0] == START_WEIGHT + 1 and list(weights[1:]) == [START_WEIGHT] * 2
     assert s.speculation.forecast_prior.means[1:] == pytest.approx([0.25, 0.125])  # never observed
+
+
+def test_a_fruitless_probe_search_waits_a_few_completed_frames_before_the_next():
+    from helios.scheduler.exploration import PROBE_SEARCH_BACKOFF
+    s, _ = low_acceptance(deep_ms=25.0)  # no probe can beat the ordinary choice
+    s.exploration.learning.earn(SECOND)
+    assert s.plan().reason is SelectionReason.ORDINARY
+    assert s.exploration._probe_backoff == PROBE_SEARCH_BACKOFF
+    for k, ms in costs().items():  # the deeper widths get cheaper: now a probe could win, but the search waits
+        s.costs.entry(k).samples.clear()
+        s.costs.observe(k, int(ms * MS), s.now_ns)
+    for _ in range(PROBE_SEARCH_BACKOFF):
+        plan = s.plan()
+        assert plan.reason is SelectionReason.ORDINARY
+        step(s, plan, (s._last_fence or 0) + 1)
+        s.exploration.learning.earn(SECOND)
+    assert s.plan().reason is PROBE
