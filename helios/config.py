@@ -124,6 +124,9 @@ class SchedulerConfig:
     draft_capacity: int = 8  # deepest proposal depth tracked (confidence sidecar width)
     speculation: SpeculationMode = SpeculationMode.OFF
     copy_proposals: bool = False  # prompt lookup instead of a learned proposer
+    # Funded timing refresh and acceptance learning; False keeps both ledgers from ever earning
+    # (the counterfactual in which a first estimate lasts forever, for experiments).
+    funded_exploration: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculation, SpeculationMode):
@@ -131,10 +134,11 @@ class SchedulerConfig:
                 object.__setattr__(self, "speculation", SpeculationMode(self.speculation))
             except ValueError:
                 raise ConfigError("speculation", f"choose off, fixed or adaptive, got {self.speculation!r}") from None
-        if not isinstance(self.copy_proposals, bool):
-            raise ConfigError("copy_proposals", "must be a bool")
+        for name in ("copy_proposals", "funded_exploration"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, "must be a bool")
         for f in fields(self):
-            if f.name in ("speculation", "copy_proposals"):
+            if f.name in ("speculation", "copy_proposals", "funded_exploration"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

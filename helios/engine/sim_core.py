@@ -57,7 +57,7 @@ class SimCore:
                  ranks: int = 1, readiness_ns: int = 0, host_overhead_ns: int = 0,
                  faults: SimFaults | None = None, vocab: int = 32000, eos_id: int = 0,
                  acceptance=None, request_slots: int = 64, draft_capacity: int = 8,
-                 confidence_noise: float = 0.05):
+                 confidence_noise: float = 0.05, paired_acceptance: bool = False):
         if ranks < 1:
             raise ValueError("ranks must be at least 1")
         self.catalog = catalog
@@ -76,6 +76,12 @@ class SimCore:
         self._rng = np.random.default_rng(seed)
         self._fault_rng = np.random.default_rng([seed, 1])  # its own stream: faults never shift tokens
         self._requests: dict[RequestHandle, _SimRequest] = {}
+        # Paired acceptance: each request's draft at output position i is accepted when its own
+        # uniform u[i] falls below the conditional rate, so runs that schedule the same requests
+        # differently see the same luck (common random numbers for width comparisons).
+        self.paired_acceptance = paired_acceptance
+        self._seed = seed
+        self._draws: dict[RequestHandle, np.ndarray] = {}
 
     def attach(self, handle: RequestHandle, prompt: Sequence[int] | int = 0, *, output_len: int | None = None,
                **_options) -> None:
@@ -152,7 +158,8 @@ class SimCore:
         depth = plan.shape.proposal_depth
         cond, joint = [], []
         for lane in lanes:
-            c = (self.acceptance.conditional(lane.handle, depth) if self.acceptance is not None and depth
+            # Asked at every width, one included: an acceptance that changes mid-stream counts rounds.
+            c = (self.acceptance.conditional(lane.handle, depth) if self.acceptance is not None
                  else np.full(depth, 0.5))
             cond.append(np.asarray(c, dtype=float)[:depth])
             # The device's confidence is a noisy view of the true acceptance, causal by construction.
@@ -166,10 +173,11 @@ class SimCore:
             rows = ceilings
         records = []
         for lane, r, c in zip(lanes, rows, cond):
-            accepted = 0
-            while accepted < r - 1 and self._rng.random() < c[accepted]:
-                accepted += 1
             state = self._requests.setdefault(lane.handle, _SimRequest(None))
+            u = self._paired(lane.handle, state.emitted, r - 1) if self.paired_acceptance else None
+            accepted = 0
+            while accepted < r - 1 and (u[accepted] if u is not None else self._rng.random()) < c[accepted]:
+                accepted += 1
             tokens, eos = self._emit(state, accepted + 1)  # accepted drafts plus one bonus/replacement
             records.append(CompletionRecord(lane.handle, lane.epoch, 0, tokens, eos,
                                             offered=r - 1 if plan.device_allocation else None))
@@ -182,6 +190,13 @@ class SimCore:
                     sidecar[0, lane.slot, :depth] = np.divide(j, prev, out=np.zeros_like(j), where=prev > 0)
                     sidecar[1, lane.slot, :depth] = j
         return records, sidecar
+
+    def _paired(self, handle: RequestHandle, start: int, n: int) -> np.ndarray:
+        draws = self._draws.get(handle)
+        if draws is None or len(draws) < start + n:
+            rng = np.random.default_rng([self._seed, 2, handle])
+            draws = self._draws[handle] = rng.random(max(2 * (start + n), 1024))
+        return draws[start:start + n]
 
     def _timing(self, duration: int) -> ExecutionTiming:
         u = float(self._rng.random())

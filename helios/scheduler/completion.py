@@ -192,6 +192,8 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if frame.isolated and timing.wall_ns:
         raw = max(raw or 0, timing.wall_ns)
     sched.stats.record(frame, raw)
+    sched.exploration.completed(frame.reason, frame.fence, raw, timing.device_interval_ns() is not None,
+                                plan.estimated_duration_ns)
     rounds = shape.kind is GraphKind.SPECULATIVE or (shape.kind is GraphKind.MIXED and shape.token_capacity > 1)
     if rounds:
         sched.stats.speculative_programs += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from dataclasses import replace
 
 import numpy as np
 
@@ -13,6 +14,7 @@ from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import Publications
 from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
+from helios.scheduler.exploration import Exploration
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
 from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.plan import (
@@ -56,6 +58,7 @@ class Scheduler:
         self.requests = RequestTable(self.config.draft_capacity)
         self.publications = Publications(self.requests, self.policy.adaptation_ms)
         self.stats = ExecutionStats()
+        self.exploration = Exploration(self.config.funded_exploration)  # timing refresh, acceptance learning
         self.traces: deque[PlanTrace] = deque(maxlen=4096)
         self.now_ns = 0
         self._next_handle = 0
@@ -153,10 +156,10 @@ class Scheduler:
             return None
         costs = self._cost_lookup(self.now_ns)
         candidates = decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
+        # Device allocation needs the program's causal confidence; copy proposals have none,
+        # so adaptive copy speculation chooses widths with host allocation.
+        device = self.config.speculation is SpeculationMode.ADAPTIVE and not self.config.copy_proposals
         if self.shapes.speculative:
-            # Device allocation needs the program's causal confidence; copy proposals have none,
-            # so adaptive copy speculation chooses widths with host allocation.
-            device = self.config.speculation is SpeculationMode.ADAPTIVE and not self.config.copy_proposals
             candidates += speculative_candidates(self.shapes.speculative, costs, view.decode, view.waiting, device)
         budget = Budget(self.resources.free_slots, self.resources.free_pages)
         for kind, (pool, _) in view.prefill.items():
@@ -165,7 +168,9 @@ class Scheduler:
             prompts = view.prefill.get(GraphKind.PREFILL)
             candidates += mixed_candidates(self.shapes.mixed, costs, view.decode,
                                            None if prompts is None else prompts[0], view.waiting, budget)
-        return self._plan_from(best(candidates), view)
+        # Funded exploration may displace the ordinary winner.
+        chosen, reason = self.exploration.choose(self, candidates, best(candidates), view, costs, device)
+        return self._plan_from(chosen, view, reason)
 
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""
@@ -181,7 +186,7 @@ class Scheduler:
                           self.config.selection_slots,
                           (self.speculation, self.source) if self.shapes.rounds else None)
 
-    def _plan_from(self, winner, view: PlanningView) -> ScheduledPlan | None:
+    def _plan_from(self, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
         if winner is None:
             return None
@@ -200,7 +205,8 @@ class Scheduler:
         if len(self.queue) and feedback:
             return None  # the winner needs an empty window: submit nothing until it drains
         est = None if winner.t_ms is None else int(round(winner.t_ms * 1e6))
-        reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
+        if reason is None:
+            reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
         return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
                              feedback, winner.cost_state is CostState.STALE, self.now_ns,
                              self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device)
@@ -248,9 +254,17 @@ class Scheduler:
             raise StalePlan("the execution queue changed since this plan was made")
         if len(self.queue) and (plan.requires_feedback or not self.queue.accepts_more(now)):
             raise QueueFull("the plan needs an empty window, or the queue has no room")
+        ledger = self.exploration.ledger(plan.reason)
+        if ledger is not None and not ledger.funded():
+            raise StalePlan(f"the {plan.reason.value} credit was spent since planning")
+        # Freshness is rechecked: a saved plan can outlive the estimate's freshness interval, and a
+        # stale dispatch needs an empty queue and completion feedback.
         state = self.costs.state(plan.shape, now)
-        if len(self.queue) and state is not CostState.FRESH:
-            raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
+        if state is not CostState.FRESH:
+            if len(self.queue):
+                raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
+            if not plan.requires_feedback:
+                plan = replace(plan, requires_feedback=True, stale_cost=True)
         index = t.index
         found = [index.get(h) for h in lanes.handle.tolist()]
         if None in found:
@@ -283,9 +297,12 @@ class Scheduler:
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                               t.handle[participants], t.epoch[participants], self._normalizers()))
         self._last_fence = fence
+        credits = self.exploration.credits()
+        self.exploration.committed(plan.shape, plan.reason, fence, now)
         self.traces.append(PlanTrace(fence, plan.shape, plan.handles, plan.estimated_duration_ns,
                                      self.costs.observation_age_ns(plan.shape, now), plan.reason,
-                                     plan.score, plan.log_scale, now))
+                                     plan.score, plan.log_scale, now, refresh_credit_ns=credits.timing_refresh_ns,
+                                     learning_credit_ns=credits.acceptance_learning_ns))
 
     # ---- completion --------------------------------------------------------------------
     def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:
@@ -315,6 +332,8 @@ class Scheduler:
         self.queue.pop()
         out = apply_completion(self, checked, timing, confidence, survival)
         self._retire_idle(checked.frame.rows)
+        if not len(self.queue) and not np.count_nonzero(self.requests.phase != DONE):
+            self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
 
     # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------

@@ -77,6 +77,10 @@ class CostTable:
         e = self._get(shape)
         return e.estimate_ns if e is not None and e.estimate_ns > 0 else None
 
+    def last_valid_ns(self, shape: GraphShape) -> int | None:
+        e = self._get(shape)
+        return None if e is None else e.last_valid_ns
+
     def observation_age_ns(self, shape: GraphShape, now_ns: int) -> int | None:
         e = self._get(shape)
         return None if e is None or e.last_valid_ns is None else now_ns - e.last_valid_ns

@@ -292,4 +292,7 @@ class PlanTrace:
     log_scale: float
     committed_ns: int
     extra: dict = field(default_factory=dict)
+    # Each exploration ledger's credit at commit (ns; negative is debt), before this plan's episode.
+    refresh_credit_ns: float | None = None
+    learning_credit_ns: float | None = None
 

@@ -87,6 +87,18 @@ class PrefixColumns:
         """Funded acceptance learning's bound: min(1, mean + sqrt(ln 20 / (2 * aged weight)))."""
         return np.minimum(1.0, self.means[row] + np.sqrt(CONFIDENCE_Z / (2.0 * self.weights[row])))
 
+    def aged_weights(self, rows: np.ndarray, generated: np.ndarray) -> np.ndarray:
+        """Weights aged to each row's current generated count, without storing the aging;
+        rows without their own estimate stand at the starting weight: [len(rows), depth]."""
+        elapsed = np.maximum(generated - self.generated[rows], 0)
+        aged = self.weights[rows] * (0.5 ** (elapsed / HALF_LIFE_TOKENS))[:, None]
+        return np.where(self.has[rows, None], aged, START_WEIGHT)
+
+    def optimistic_rows(self, rows: np.ndarray, prior: PopulationPrior, generated: np.ndarray) -> np.ndarray:
+        """`optimistic` for many rows at their aged weights (the prior stands in for rows without one)."""
+        bonus = np.sqrt(CONFIDENCE_Z / (2.0 * self.aged_weights(rows, generated)))
+        return np.minimum(1.0, self.current(rows, prior) + bonus)
+
 
 class SpeculationColumns:
     """Every request row's acceptance (per proposal source) and confidence forecast."""
