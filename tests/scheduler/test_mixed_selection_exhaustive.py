@@ -48,7 +48,8 @@ def prompt_value(r, chunk, policy):
 
 
 def objective(s, shape, decoders, prompt, policy):
-    """The spec's score, unscaled, for one shape, a decoder subset and an optional prompt row."""
+    """The spec's score with priced stalls, unscaled, for one shape, a decoder subset and an
+    optional prompt row."""
     t = TABLE[shape]
     active = [r for r in rows(s) if r.phase is Phase.DECODE]
     k = len(active)
@@ -56,7 +57,13 @@ def objective(s, shape, decoders, prompt, policy):
     chunk = shape.prefill_capacity if shape.kind is GraphKind.MIXED else shape.token_capacity
     value = sum(decoder_value(s, r, t, sigma, policy) for r in decoders)
     value += sum(prompt_value(r, chunk, policy) for r in prompt)
-    return value / t - t / 2 * policy.decode_age_price * k
+    # Priced stalls (issue 12, docs/scheduling-utility.md): each active decoder left out owes the
+    # growth of its fairness and delivery prices over T.
+    served = {r.handle for r in decoders}
+    stalled = sum(policy.token_fairness / math.exp(r.log_x)
+                  + (policy.delivery_fairness / math.exp(r.log_z) if r.log_z is not None else 0.0)
+                  for r in active if r.handle not in served) if policy.stall_pricing else 0.0
+    return value / t - t / 2 * policy.decode_age_price * k - stalled * math.expm1(t / policy.adaptation_ms) / t
 
 
 def cohorts(shape, decoders, prompts):
