@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shlex
 import statistics
 import subprocess
@@ -121,6 +122,34 @@ async def model_id(url: str) -> str:
         return (await c.get(url.rstrip("/") + "/models", timeout=30)).json()["data"][0]["id"]
 
 
+async def graph_walls(url: str) -> dict[str, tuple[float, float]]:
+    """{shape: (executions, wall ns)} from flare's /metrics (empty for a server without them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as c:
+        r = await c.get(url.rstrip("/").removesuffix("/v1") + "/metrics", timeout=30)
+    if r.status_code != 200:
+        return {}
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            if s.name in ("flare_graph_executions_total", "flare_graph_wall_nanoseconds_total"):
+                out.setdefault(s.labels["shape"], [0.0, 0.0])[s.name.endswith("wall_nanoseconds_total")] = s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def graph_mix(before: dict, after: dict) -> str:
+    """Which graphs a load ran, with their mean wall time: shows the batch sizes the scheduler
+    chose (e.g. decode at B=4 with 16 ready streams) and what each cost."""
+    parts = []
+    for shape in sorted(after, key=lambda k: (k.split("[")[0], int(re.sub(r"\D.*", "", k.split("=")[1])))):
+        n = after[shape][0] - before.get(shape, (0, 0))[0]
+        if n:
+            ns = after[shape][1] - before.get(shape, (0, 0))[1]
+            parts.append(f"{shape} x{n:.0f} {ns / n / 1e6:.0f} ms")
+    return ", ".join(parts)
+
+
 def row(name: str, r: Result, mixed: bool) -> str:
     extra = f"  short TTFT p99 {pct(r.short_ttft, 99):6.2f} s" if mixed else ""
     return (f"{name:<7} {r.tok_s:7.1f} tok/s  TTFT p50 {pct(r.ttft, 50):6.2f} s  p99 {pct(r.ttft, 99):6.2f} s"
@@ -151,8 +180,11 @@ async def main() -> None:
         for name, prompts in loads(args.rounds).items():
             results[name] = {}
             for server, (u, model) in servers.items():  # alternate servers load by load
+                before = await graph_walls(u) if server == "flare" else {}
                 results[name][server] = await run_load(u, model, prompts, args.tokens)
                 print(f"[{name}] {row(server, results[name][server], name.startswith('mixed'))}", flush=True)
+                if before:
+                    print(f"    graphs: {graph_mix(before, await graph_walls(u))}", flush=True)
         print(f"load average at end: {os.getloadavg()[0]:.2f}\n")
         for server in servers:
             one_s, sixteen = results["1 stream"][server], results["16 streams"][server]
