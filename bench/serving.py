@@ -14,8 +14,11 @@ that drifting machine load hits both alike, and the ratios flare/peer are printe
 Bar (issue 15): 16 streams >= 4x the aggregate tok/s of 1 stream.
 Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (mixed) <= 0.5x its.
 
+--busy-start starts flare while one CPU burner per core runs (the burners stop before measuring),
+so the bar can be checked for a server whose warm-up ran on a busy machine.
+
 Run: .venv/bin/python bench/serving.py [--tokens 32] [--rounds 2] [--peer-url http://127.0.0.1:8080/v1]
-     [--flare-args "--weights int8"]. docs/server.md shows how to build and start llama-server.
+     [--flare-args "--weights int8"] [--busy-start]. docs/server.md shows how to build and start llama-server.
 """
 
 from __future__ import annotations
@@ -106,6 +109,19 @@ def loads(rounds: int) -> dict[str, list[list[str]]]:
             "mixed 4 long + 12 short": [[LONG]] * 4 + [[SHORT[c % len(SHORT)]] for c in range(12)]}
 
 
+def start_burners() -> list[subprocess.Popen]:
+    """One busy Python process per core, at normal priority: the issue's "server started while
+    another process kept both cores busy"."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+
+
+def stop_burners(burners: list[subprocess.Popen]) -> None:
+    for p in burners:
+        p.kill()
+    for p in burners:
+        p.wait(60)
+
+
 def start_flare(extra: list[str], port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "helios.cli", "run", "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -163,13 +179,22 @@ async def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--flare-args", default="", help="extra `flare run` flags, e.g. '--weights int8'")
     ap.add_argument("--flare-url", help="use an already running flare server instead of starting one")
+    ap.add_argument("--busy-start", action="store_true",
+                    help="keep every core busy with a CPU burner while flare starts and warms up; the "
+                         "burners stop before anything is measured")
     ap.add_argument("--peer-url", help="an OpenAI-compatible base URL (…/v1) to run the identical load against")
     args = ap.parse_args()
 
     proc = None
     url = args.flare_url
     if url is None:
-        proc = start_flare(shlex.split(args.flare_args), args.port)
+        burners = start_burners() if args.busy_start else []
+        try:
+            proc = start_flare(shlex.split(args.flare_args), args.port)
+        finally:
+            stop_burners(burners)
+        if burners:
+            print(f"started under {len(burners)} CPU burners (stopped before measuring)", flush=True)
         url = f"http://127.0.0.1:{args.port}/v1"
     try:
         servers = {"flare": (url, await model_id(url))}
