@@ -28,7 +28,6 @@ import asyncio
 import os
 import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
