@@ -65,7 +65,7 @@ def soak(n: int) -> None:
 # ---- fuzz ----------------------------------------------------------------------------------------
 
 def fuzz_figure(label: str, args: list[str], examples: int) -> None:
-    server = FlareServer(*args, "--max-queue", "16", "--max-body-bytes", "65536")
+    server = FlareServer(*args, "--max-queue", "16", "--max-body-bytes", "65536", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         t0 = time.monotonic()
@@ -96,7 +96,7 @@ def _body(rng: random.Random, max_tokens: int) -> tuple[dict, str]:
 
 def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency: int, leave_share: float = 0.7,
                      leave_within: float = 2.0) -> None:
-    server = FlareServer(*args, "--max-queue", "64")
+    server = FlareServer(*args, "--max-queue", "64", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         before = metrics(server.url)
@@ -134,7 +134,8 @@ def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency
 
 
 def sigterm_storm(args: list[str], clients: int, max_tokens: int, grace: float) -> None:
-    server = FlareServer(*args, "--max-queue", str(clients), "--shutdown-grace", str(grace))
+    server = FlareServer(*args, "--max-queue", str(clients), "--shutdown-grace", str(grace),
+                         start_timeout=900)
     assert server.ready_line, server.error_text()
     results: list = []
 
@@ -178,7 +179,7 @@ def sigterm_storm(args: list[str], clients: int, max_tokens: int, grace: float) 
 
 
 def slow_readers(args: list[str], stalled: int, normal: int, max_tokens: int) -> None:
-    server = FlareServer(*args, "--max-queue", "64")
+    server = FlareServer(*args, "--max-queue", "64", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         import socket
@@ -213,7 +214,7 @@ def slow_readers(args: list[str], stalled: int, normal: int, max_tokens: int) ->
 
 
 def bad_bodies_and_admission(args: list[str], requests: int) -> None:
-    server = FlareServer(*args, "--max-queue", "2", "--max-body-bytes", "65536")
+    server = FlareServer(*args, "--max-queue", "2", "--max-body-bytes", "65536", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         rng = random.Random(3)
@@ -324,7 +325,9 @@ def main() -> None:
     a = parser.parse_args()
     q = a.quick
     sim = ["--engine", "sim", "--slots", "4", "--max-context", "1024"]
-    storm = sim if a.storm_engine == "sim" else ["--slots", "4", "--max-context", "1024"]
+    # Real-model storms skip the warm-up: they test what survives, not speed, and each part
+    # starts its own server.
+    storm = sim if a.storm_engine == "sim" else ["--slots", "4", "--max-context", "1024", "--no-warmup"]
     if "soak" in a.parts:
         soak(1000 if q else 10_000)
     if "fuzz" in a.parts:
