@@ -125,7 +125,8 @@ def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency
                     for k in ("stop", "length", "cancelled", "error")}
         admitted = value(snap, "flare_requests_submitted_total") - value(before, "flare_requests_submitted_total")
         counts = {str(o): outcomes.count(o) for o in sorted(set(outcomes), key=str)}
-        figure(f"disconnect storm ({'sim' if '--engine' in args else 'real model'})", clients=clients, client_outcomes=counts, admitted=f"{admitted:.0f}",
+        figure(f"disconnect storm ({'sim' if '--engine' in args else 'real model'})", clients=clients,
+               client_outcomes=counts, admitted=f"{admitted:.0f}",
                ended={k: int(v) for k, v in finished.items()}, lost=f"{admitted - sum(finished.values()):.0f}",
                server_5xx=sum(1 for o in outcomes if isinstance(o, int) and o >= 500), leaks=lk,
                health=httpx.get(server.url + "/health", timeout=10).status_code, wall_s=f"{wall:.0f}")
