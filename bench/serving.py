@@ -137,14 +137,14 @@ async def model_id(url: str) -> str:
         return (await c.get(url.rstrip("/") + "/models", timeout=30)).json()["data"][0]["id"]
 
 
-async def graph_walls(url: str) -> dict[str, tuple[float, float]]:
-    """{shape: (executions, wall ns)} from flare's /metrics (empty for a server without them)."""
+async def graph_walls(url: str) -> dict[str, tuple[float, float]] | None:
+    """{shape: (executions, wall ns)} from flare's /metrics (None for a server without them)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     async with httpx.AsyncClient() as c:
         r = await c.get(url.rstrip("/").removesuffix("/v1") + "/metrics", timeout=30)
     if r.status_code != 200:
-        return {}
+        return None
     out: dict[str, list[float]] = {}
     for family in text_string_to_metric_families(r.text):
         for s in family.samples:
@@ -204,11 +204,11 @@ async def main() -> None:
         for name, prompts in loads(args.rounds).items():
             results[name] = {}
             for server, (u, model) in servers.items():  # alternate servers load by load
-                before = await graph_walls(u) if server == "flare" else {}
+                before = await graph_walls(u) if server == "flare" else None
                 results[name][server] = await run_load(u, model, prompts, args.tokens)
                 print(f"[{name}] {row(server, results[name][server], name.startswith('mixed'))}", flush=True)
-                if before:
-                    print(f"    graphs: {graph_mix(before, await graph_walls(u))}", flush=True)
+                if before is not None:
+                    print(f"    graphs: {graph_mix(before, await graph_walls(u) or {})}", flush=True)
         print(f"load average at end: {os.getloadavg()[0]:.2f}\n")
         for server in servers:
             one_s, sixteen = results["1 stream"][server], results["16 streams"][server]
