@@ -88,7 +88,7 @@ def test_disconnect_storm_on_the_real_model(server):
     assert set(outcomes) <= {200, 429, "left waiting", "left headers", "left streaming"}, counts
     assert admitted == sum(finished.values()) and finished["error"] == 0, (admitted, finished)
     left = sum(1 for o in outcomes if str(o).startswith("left"))
-    assert left >= 6 and finished["cancelled"] >= 1, counts
+    assert left >= 4 and finished["cancelled"] >= 1, counts  # ~17 of 24 clients leave at a random moment
     assert_no_leak(snap)
     r = httpx.post(server.url + "/v1/completions", json={"prompt": "After the storm,", "max_tokens": 3}, timeout=300)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
