@@ -5,6 +5,7 @@ schema-driven fuzzing, storms against a real `flare run` process on loopback, an
     .venv/bin/python bench/reliability.py soak storms      # some parts
     .venv/bin/python bench/reliability.py --quick          # small counts (minutes)
     .venv/bin/python bench/reliability.py drift --drift-requests 200
+    .venv/bin/python bench/reliability.py drift --drift-engine sim --drift-requests 5000 --drift-every 500
 
 Parts: soak (10,000 requests through the runtime on SimCore with 10% cancellations and 1% core
 faults), fuzz (schemathesis on the sim engine and on the real model), storms (1,000 random
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from helios.sim.soak import SoakConfig, run_soak  # noqa: E402
 from tests.server.schema_fuzz import fuzz  # noqa: E402
-from tests.server.support import FlareServer, is_idle, metrics, value, wait_for  # noqa: E402
+from tests.server.support import FlareServer, is_idle, metrics, raw_request, value, wait_for  # noqa: E402
 
 
 def figure(name: str, **fields) -> None:
@@ -64,7 +65,7 @@ def soak(n: int) -> None:
 # ---- fuzz ----------------------------------------------------------------------------------------
 
 def fuzz_figure(label: str, args: list[str], examples: int) -> None:
-    server = FlareServer(*args, "--max-queue", "16", "--max-body-bytes", "65536")
+    server = FlareServer(*args, "--max-queue", "16", "--max-body-bytes", "65536", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         t0 = time.monotonic()
@@ -85,20 +86,6 @@ def fuzz_figure(label: str, args: list[str], examples: int) -> None:
 
 # ---- storms --------------------------------------------------------------------------------------
 
-async def _raw_request(port: int, body: dict, endpoint: str, disconnect_after: float | None) -> object:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    payload = json.dumps(body).encode()
-    writer.write(f"POST {endpoint} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
-                 f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode() + payload)
-    try:
-        data = await asyncio.wait_for(reader.read(), disconnect_after or 600)
-        return int(data.split(b" ", 2)[1]) if data else "empty"
-    except asyncio.TimeoutError:
-        return "disconnected"
-    finally:
-        writer.close()
-
-
 def _body(rng: random.Random, max_tokens: int) -> tuple[dict, str]:
     body = {"prompt": "storm " * rng.randint(1, 60), "max_tokens": rng.randint(4, max_tokens),
             "stream": rng.random() < 0.7}
@@ -107,8 +94,9 @@ def _body(rng: random.Random, max_tokens: int) -> tuple[dict, str]:
     return body, "/v1/completions"
 
 
-def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency: int) -> None:
-    server = FlareServer(*args, "--max-queue", "64")
+def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency: int, leave_share: float = 0.7,
+                     leave_within: float = 2.0) -> None:
+    server = FlareServer(*args, "--max-queue", "64", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         before = metrics(server.url)
@@ -121,9 +109,10 @@ def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency
                 r = random.Random(seed)
                 body, endpoint = _body(r, max_tokens)
                 async with sem:
-                    # 70% leave at a random moment: queued, prefilling, mid-stream or waiting.
-                    leave = r.random() * 2.0 if r.random() < 0.7 else None
-                    return await _raw_request(server.port, body, endpoint, leave)
+                    # `leave_share` of the clients leave at a random moment: queued, prefilling,
+                    # mid-stream or waiting on a non-streaming answer (where: the outcome's label).
+                    leave = r.random() * leave_within if r.random() < leave_share else None
+                    return await raw_request(server.port, body, endpoint, leave)
             return await asyncio.gather(*(one(rng.random()) for _ in range(clients)))
 
         t0 = time.monotonic()
@@ -136,7 +125,8 @@ def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency
                     for k in ("stop", "length", "cancelled", "error")}
         admitted = value(snap, "flare_requests_submitted_total") - value(before, "flare_requests_submitted_total")
         counts = {str(o): outcomes.count(o) for o in sorted(set(outcomes), key=str)}
-        figure("disconnect storm", clients=clients, client_outcomes=counts, admitted=f"{admitted:.0f}",
+        figure(f"disconnect storm ({'sim' if '--engine' in args else 'real model'})", clients=clients,
+               client_outcomes=counts, admitted=f"{admitted:.0f}",
                ended={k: int(v) for k, v in finished.items()}, lost=f"{admitted - sum(finished.values()):.0f}",
                server_5xx=sum(1 for o in outcomes if isinstance(o, int) and o >= 500), leaks=lk,
                health=httpx.get(server.url + "/health", timeout=10).status_code, wall_s=f"{wall:.0f}")
@@ -145,7 +135,8 @@ def disconnect_storm(args: list[str], clients: int, max_tokens: int, concurrency
 
 
 def sigterm_storm(args: list[str], clients: int, max_tokens: int, grace: float) -> None:
-    server = FlareServer(*args, "--max-queue", str(clients), "--shutdown-grace", str(grace))
+    server = FlareServer(*args, "--max-queue", str(clients), "--shutdown-grace", str(grace),
+                         start_timeout=900)
     assert server.ready_line, server.error_text()
     results: list = []
 
@@ -189,7 +180,7 @@ def sigterm_storm(args: list[str], clients: int, max_tokens: int, grace: float) 
 
 
 def slow_readers(args: list[str], stalled: int, normal: int, max_tokens: int) -> None:
-    server = FlareServer(*args, "--max-queue", "64")
+    server = FlareServer(*args, "--max-queue", "64", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         import socket
@@ -224,7 +215,7 @@ def slow_readers(args: list[str], stalled: int, normal: int, max_tokens: int) ->
 
 
 def bad_bodies_and_admission(args: list[str], requests: int) -> None:
-    server = FlareServer(*args, "--max-queue", "2", "--max-body-bytes", "65536")
+    server = FlareServer(*args, "--max-queue", "2", "--max-body-bytes", "65536", start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         rng = random.Random(3)
@@ -261,9 +252,19 @@ def bad_bodies_and_admission(args: list[str], requests: int) -> None:
 
 # ---- drift ---------------------------------------------------------------------------------------
 
-def drift(requests: int, every: int, concurrency: int) -> None:
+def slope_per_100(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ys over xs, per 100 requests: the trend, robust to one noisy sample."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    den = sum((x - mx) ** 2 for x in xs)
+    return 100 * sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else float("nan")
+
+
+def drift(requests: int, every: int, concurrency: int, engine: str = "torch") -> None:
     # No warm-up: the trend matters, not the first requests; a busy machine starts it faster.
-    server = FlareServer("--slots", "4", "--max-queue", "16", "--no-warmup", start_timeout=900)
+    # The sim engine (unpaced) runs the same HTTP, runtime and publication code in minutes, so a
+    # leak outside the model shows there at many more requests.
+    flags = ["--engine", "sim", "--sim-pace", "0"] if engine == "sim" else ["--no-warmup"]
+    server = FlareServer("--slots", "4", "--max-queue", "16", *flags, start_timeout=900)
     assert server.ready_line, server.error_text()
     try:
         pid = server.proc.pid
@@ -303,8 +304,12 @@ def drift(requests: int, every: int, concurrency: int) -> None:
             samples.append((sent, rss_mb(), single_stream_itl_ms()))
             print(f"  drift: {sent} requests, RSS {samples[-1][1]:.0f} MB, single-stream ITL {samples[-1][2]:.1f} ms",
                   flush=True)
-        figure("drift (real model)", requests=sent, rss_mb=[round(s[1]) for s in samples],
-               single_stream_itl_ms=[round(s[2], 1) for s in samples], leaks=leaks(server.url))
+        xs = [float(s[0]) for s in samples]
+        figure(f"drift ({'real model' if engine == 'torch' else 'sim engine'})", requests=sent,
+               rss_mb=[round(s[1]) for s in samples], single_stream_itl_ms=[round(s[2], 1) for s in samples],
+               rss_mb_per_100_requests=f"{slope_per_100(xs[1:], [s[1] for s in samples[1:]]):+.2f}",
+               itl_ms_per_100_requests=f"{slope_per_100(xs, [s[2] for s in samples]):+.2f}",
+               leaks=leaks(server.url))
     finally:
         server.stop()
 
@@ -316,10 +321,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="small counts")
     parser.add_argument("--storm-engine", choices=("sim", "torch"), default="sim")
     parser.add_argument("--drift-requests", type=int, default=None)
+    parser.add_argument("--drift-engine", choices=("sim", "torch"), default="torch")
+    parser.add_argument("--drift-every", type=int, default=None, help="requests between samples (default 100)")
     a = parser.parse_args()
     q = a.quick
     sim = ["--engine", "sim", "--slots", "4", "--max-context", "1024"]
-    storm = sim if a.storm_engine == "sim" else ["--slots", "4", "--max-context", "1024"]
+    # Real-model storms skip the warm-up: they test what survives, not speed, and each part
+    # starts its own server.
+    storm = sim if a.storm_engine == "sim" else ["--slots", "4", "--max-context", "1024", "--no-warmup"]
     if "soak" in a.parts:
         soak(1000 if q else 10_000)
     if "fuzz" in a.parts:
@@ -327,12 +336,15 @@ def main() -> None:
         fuzz_figure("real model", ["--slots", "4", "--max-context", "256", "--prefill-capacity", "256"], 5 if q else 20)
     if "storms" in a.parts:
         tokens = 64 if a.storm_engine == "torch" else 400
-        disconnect_storm(storm, 100 if q else 1000, tokens, 16)
+        if a.storm_engine == "torch":  # every client leaves within 3 s unless its answer came first
+            disconnect_storm(storm, 100 if q else 1000, 16, 16, leave_share=1.0, leave_within=3.0)
+        else:
+            disconnect_storm(storm, 100 if q else 1000, tokens, 16)
         sigterm_storm(storm + ["--sim-pace", "2"] if a.storm_engine == "sim" else storm, 8 if q else 16, tokens, 2.0)
         slow_readers(storm, 2, 4 if q else 8, tokens)
         bad_bodies_and_admission(storm, 100 if q else 1000)
     if "drift" in a.parts:
-        drift(a.drift_requests or (100 if q else 1000), 100 if not q else 50, 4)
+        drift(a.drift_requests or (100 if q else 1000), a.drift_every or (50 if q else 100), 4, a.drift_engine)
 
 
 if __name__ == "__main__":

@@ -14,8 +14,11 @@ that drifting machine load hits both alike, and the ratios flare/peer are printe
 Bar (issue 15): 16 streams >= 4x the aggregate tok/s of 1 stream.
 Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (mixed) <= 0.5x its.
 
+--busy-start starts flare while one CPU burner per core runs (the burners stop before measuring),
+so the bar can be checked for a server whose warm-up ran on a busy machine.
+
 Run: .venv/bin/python bench/serving.py [--tokens 32] [--rounds 2] [--peer-url http://127.0.0.1:8080/v1]
-     [--flare-args "--weights int8"]. docs/server.md shows how to build and start llama-server.
+     [--flare-args "--weights int8"] [--busy-start]. docs/server.md shows how to build and start llama-server.
 """
 
 from __future__ import annotations
@@ -23,8 +26,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shlex
-import statistics
 import subprocess
 import sys
 import time
@@ -105,6 +108,19 @@ def loads(rounds: int) -> dict[str, list[list[str]]]:
             "mixed 4 long + 12 short": [[LONG]] * 4 + [[SHORT[c % len(SHORT)]] for c in range(12)]}
 
 
+def start_burners() -> list[subprocess.Popen]:
+    """One busy Python process per core, at normal priority: the issue's "server started while
+    another process kept both cores busy"."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(os.cpu_count() or 1)]
+
+
+def stop_burners(burners: list[subprocess.Popen]) -> None:
+    for p in burners:
+        p.kill()
+    for p in burners:
+        p.wait(60)
+
+
 def start_flare(extra: list[str], port: int) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "helios.cli", "run", "--port", str(port), *extra]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
@@ -121,6 +137,34 @@ async def model_id(url: str) -> str:
         return (await c.get(url.rstrip("/") + "/models", timeout=30)).json()["data"][0]["id"]
 
 
+async def graph_walls(url: str) -> dict[str, tuple[float, float]] | None:
+    """{shape: (executions, wall ns)} from flare's /metrics (None for a server without them)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    async with httpx.AsyncClient() as c:
+        r = await c.get(url.rstrip("/").removesuffix("/v1") + "/metrics", timeout=30)
+    if r.status_code != 200:
+        return None
+    out: dict[str, list[float]] = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            if s.name in ("flare_graph_executions_total", "flare_graph_wall_nanoseconds_total"):
+                out.setdefault(s.labels["shape"], [0.0, 0.0])[s.name.endswith("wall_nanoseconds_total")] = s.value
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def graph_mix(before: dict, after: dict) -> str:
+    """Which graphs a load ran, with their mean wall time: shows the batch sizes the scheduler
+    chose (e.g. decode at B=4 with 16 ready streams) and what each cost."""
+    parts = []
+    for shape in sorted(after, key=lambda k: (k.split("[")[0], int(re.sub(r"\D.*", "", k.split("=")[1])))):
+        n = after[shape][0] - before.get(shape, (0, 0))[0]
+        if n:
+            ns = after[shape][1] - before.get(shape, (0, 0))[1]
+            parts.append(f"{shape} x{n:.0f} {ns / n / 1e6:.0f} ms")
+    return ", ".join(parts)
+
+
 def row(name: str, r: Result, mixed: bool) -> str:
     extra = f"  short TTFT p99 {pct(r.short_ttft, 99):6.2f} s" if mixed else ""
     return (f"{name:<7} {r.tok_s:7.1f} tok/s  TTFT p50 {pct(r.ttft, 50):6.2f} s  p99 {pct(r.ttft, 99):6.2f} s"
@@ -134,13 +178,22 @@ async def main() -> None:
     ap.add_argument("--port", type=int, default=8765)
     ap.add_argument("--flare-args", default="", help="extra `flare run` flags, e.g. '--weights int8'")
     ap.add_argument("--flare-url", help="use an already running flare server instead of starting one")
+    ap.add_argument("--busy-start", action="store_true",
+                    help="keep every core busy with a CPU burner while flare starts and warms up; the "
+                         "burners stop before anything is measured")
     ap.add_argument("--peer-url", help="an OpenAI-compatible base URL (…/v1) to run the identical load against")
     args = ap.parse_args()
 
     proc = None
     url = args.flare_url
     if url is None:
-        proc = start_flare(shlex.split(args.flare_args), args.port)
+        burners = start_burners() if args.busy_start else []
+        try:
+            proc = start_flare(shlex.split(args.flare_args), args.port)
+        finally:
+            stop_burners(burners)
+        if burners:
+            print(f"started under {len(burners)} CPU burners (stopped before measuring)", flush=True)
         url = f"http://127.0.0.1:{args.port}/v1"
     try:
         servers = {"flare": (url, await model_id(url))}
@@ -151,8 +204,11 @@ async def main() -> None:
         for name, prompts in loads(args.rounds).items():
             results[name] = {}
             for server, (u, model) in servers.items():  # alternate servers load by load
+                before = await graph_walls(u) if server == "flare" else None
                 results[name][server] = await run_load(u, model, prompts, args.tokens)
                 print(f"[{name}] {row(server, results[name][server], name.startswith('mixed'))}", flush=True)
+                if before is not None:
+                    print(f"    graphs: {graph_mix(before, await graph_walls(u) or {})}", flush=True)
         print(f"load average at end: {os.getloadavg()[0]:.2f}\n")
         for server in servers:
             one_s, sixteen = results["1 stream"][server], results["16 streams"][server]

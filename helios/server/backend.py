@@ -11,6 +11,7 @@ the core's catalog -> warm-up timings seed its costs -> Backend. Two engines:
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 from dataclasses import dataclass
 from typing import Any
@@ -35,6 +36,7 @@ class EngineOptions:
     terminal_value: float | None = None
     terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None
+    adaptation_ms: float | None = None  # the policy's rate time constant (None: the preset's)
     speculation: str = "off"
     speculative_token_capacity: int = 16
     slots: int = 4
@@ -88,6 +90,8 @@ def build_backend(options: EngineOptions) -> Backend:
     policy = preset(options.policy, terminal_value=options.terminal_value,
                     terminal_age_price=options.terminal_age_price,
                     adaptive_verification_alpha=options.adaptive_verification_alpha)
+    if options.adaptation_ms is not None:  # PolicyConfig checks it (ConfigError "adaptation_ms")
+        policy = dataclasses.replace(policy, adaptation_ms=options.adaptation_ms)
     try:
         speculation = SpeculationMode(options.speculation)
     except ValueError:

@@ -14,7 +14,8 @@ from helios.errors import ConfigError
 _FLAGS = {
     "scheduler_policy": "--scheduler-policy", "terminal_value": "--scheduler-terminal-value",
     "terminal_age_price": "--scheduler-terminal-age-price",
-    "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha", "scheduler": "--scheduler",
+    "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha",
+    "adaptation_ms": "--scheduler-adaptation-ms", "scheduler": "--scheduler",
     "speculation": "--speculation", "speculative_token_capacity": "--speculative-token-capacity",
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
@@ -85,6 +86,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="value per terminal retirement (0 disables)")
     g.add_argument("--scheduler-terminal-age-price", type=nonnegative_float, metavar="PRICE",
                    help="terminal-wait cost coefficient (0 disables)")
+    g.add_argument("--scheduler-adaptation-ms", type=positive_float, metavar="MS",
+                   help="time constant of the scheduler's service rates (default: the policy's, 100 ms); "
+                        "on a CPU where one decode graph takes longer than it, larger values let "
+                        "ready streams share bigger decode batches (docs/server.md)")
     g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
                    help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
     g = run.add_argument_group("HTTP")
@@ -111,7 +116,8 @@ def run(args: argparse.Namespace) -> int:
         options = EngineOptions(
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
-            adaptive_verification_alpha=args.mtp_adaptive_verification_alpha, speculation=args.speculation,
+            adaptive_verification_alpha=args.mtp_adaptive_verification_alpha,
+            adaptation_ms=args.scheduler_adaptation_ms, speculation=args.speculation,
             speculative_token_capacity=args.speculative_token_capacity,
             slots=capacity.slots if capacity else args.slots or SIM_SLOTS,
             prefill_capacity=args.prefill_capacity,

@@ -165,3 +165,31 @@ def sse_events(body: str) -> list:
         data = block[len("data: "):]
         events.append(data if data == "[DONE]" else json.loads(data))
     return events
+
+
+async def raw_request(port: int, body: dict, endpoint: str, leave_after: float | None) -> object:
+    """POST `body` on a raw loopback socket and read the whole response, or close the socket
+    (a client disconnect) after `leave_after` seconds. Returns the HTTP status (int), or where
+    the client left: "left waiting" (no byte yet: queued, prefilling, or a non-streaming request
+    still running), "left headers" (a stream's headers, no token yet) or "left streaming" (after
+    at least one data event). A raw socket per client is cheap on a 2-core machine, and closing
+    it is exactly a disconnect."""
+    import asyncio
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    payload = json.dumps(body).encode()
+    writer.write(f"POST {endpoint} HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                 f"content-length: {len(payload)}\r\nconnection: close\r\n\r\n".encode() + payload)
+    received = bytearray()
+
+    async def pump():
+        while chunk := await reader.read(65536):
+            received.extend(chunk)
+
+    try:
+        await asyncio.wait_for(pump(), leave_after if leave_after is not None else 600)
+        return int(received.split(b" ", 2)[1]) if received else "empty"
+    except asyncio.TimeoutError:
+        return "left " + ("streaming" if b"data: {" in received else "headers" if received else "waiting")
+    finally:
+        writer.close()

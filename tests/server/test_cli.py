@@ -22,6 +22,8 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--scheduler-terminal-value", "inf"], "--scheduler-terminal-value"),
     (["--scheduler-terminal-age-price", "nan"], "--scheduler-terminal-age-price"),
     (["--mtp-adaptive-verification-alpha", "0"], "--mtp-adaptive-verification-alpha"),
+    (["--scheduler-adaptation-ms", "0"], "--scheduler-adaptation-ms"),
+    (["--scheduler-adaptation-ms", "inf"], "--scheduler-adaptation-ms"),
     (["--speculation", "sometimes"], "--speculation"),
     (["--speculative-token-capacity", "0"], "--speculative-token-capacity"),
     (["--prefill-capacity", "100", "--engine", "sim"], "--prefill-capacity"),
@@ -41,6 +43,16 @@ def test_invalid_flags_exit_2_with_one_line(capsys, argv, flag):
     assert code == 2
     assert err.count("\n") == 1 and err.startswith("flare run: error:"), err
     assert flag in err, err
+
+
+def test_adaptation_constant_reaches_the_scheduler():
+    """--scheduler-adaptation-ms overrides the policy preset's rate time constant; unset, the
+    preset's stays (bench/decode_batch.py shows why a CPU may want a larger one)."""
+    from helios.server import EngineOptions, build_backend
+
+    assert build_backend(EngineOptions(engine="sim", adaptation_ms=750.0)).scheduler.policy.adaptation_ms == 750.0
+    assert build_backend(EngineOptions(engine="sim")).scheduler.policy.adaptation_ms == 100.0
+    assert build_parser().parse_args(["run", "--scheduler-adaptation-ms", "250"]).scheduler_adaptation_ms == 250.0
 
 
 def test_defaults():
