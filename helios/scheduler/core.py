@@ -11,6 +11,7 @@ from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import Publications
+from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
@@ -19,6 +20,7 @@ from helios.scheduler.plan import (
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
 from helios.scheduler.planning import PlanningView, build_view
+from helios.scheduler.prerequisites import restore_candidates, snapshot_candidates, terminal_waiting
 from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
@@ -65,6 +67,7 @@ class Scheduler:
             raise InvalidRequest("a speculative program's depth exceeds draft_capacity")
         self.speculation = SpeculationModel(self.config.draft_capacity)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
+        self.state = StateOperations(catalog, self.policy)  # restores and terminal captures
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -88,6 +91,7 @@ class Scheduler:
         handle = self._next_handle
         self._next_handle += 1
         self.requests.add(handle, request, self._starting_log_rate())
+        self.state.admitted(handle, request)
         return handle
 
     def _starting_log_rate(self) -> float:
@@ -117,6 +121,7 @@ class Scheduler:
         t.update_phase([row])
         t.epoch[row] += 1
         t.version[row] += 1
+        self.state.forget(handle)
         self._retire_idle([row])
 
     def _retire_idle(self, rows) -> None:
@@ -124,6 +129,8 @@ class Scheduler:
         rows = np.asarray(rows, dtype=np.int64)
         for row in rows[(t.phase[rows] == DONE) & (t.inflight[rows] == 0)].tolist():
             handle = int(t.handle[row])
+            if self.state.holds(handle):
+                continue  # a terminal capture retires through its snapshot
             self.resources.release(t, row)
             t.remove(row)
             if len(self._retired) == self._retired.maxlen:
@@ -142,7 +149,9 @@ class Scheduler:
         if view is None:
             return None
         costs = self._cost_lookup(self.now_ns)
-        candidates = decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
+        view.waiting += terminal_waiting(self.state, view.log_scale)
+        candidates = self._state_candidates(view, costs)
+        candidates += decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
         if self.shapes.speculative:
             # Device allocation needs the program's causal confidence; copy proposals have none,
             # so adaptive copy speculation chooses widths with host allocation.
@@ -153,13 +162,25 @@ class Scheduler:
             candidates += prefill_candidates(self.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
         return self._plan_from(best(candidates), view)
 
+    def _state_candidates(self, view: PlanningView, costs) -> list:
+        """Terminal snapshots and prerequisite restores (prerequisites.py)."""
+        if not self.state.enabled:
+            return []
+        budget = Budget(self.resources.free_slots, self.resources.free_pages)
+        start = self.queue.expected_end_ns(self.now_ns)
+        pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
+        return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
+                + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.coeff,
+                                     view.log_scale, view.waiting, budget, pages))
+
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""
         if not self.queue.accepts_more(self.now_ns):
             return None
         self.publications.flush()
         live = self.requests.live_rows()
-        if not len(live):
+        live = live[~self.state.not_ready(self.requests, live)]  # restores not yet completed
+        if not len(live) and not (self.state.captures or self.state.restoring):
             return None
         return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
@@ -171,7 +192,10 @@ class Scheduler:
         if winner is None:
             return None
         kind, t_ms = winner.shape.kind, winner.t_ms or 0.0
-        if kind is GraphKind.SPECULATIVE:
+        if kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
+            lanes = self.state.lanes(self.requests, kind, winner.table_rows[winner.members],
+                                     winner.lane_values[winner.members])
+        elif kind is GraphKind.SPECULATIVE:
             lanes = self._spec_lanes(winner, view)
         elif kind is GraphKind.DECODE:
             # Values are the scaled lane values at the winner's duration.
@@ -231,7 +255,10 @@ class Scheduler:
         if None in found:
             raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
         rows = np.array(found, dtype=np.int64)
-        bad = (t.phase[rows] == DONE) | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
+        done = t.phase[rows] == DONE
+        if plan.shape.kind is GraphKind.SNAPSHOT:  # terminal captures retire through this graph
+            done &= ~np.array([self.state.holds(h) for h in lanes.handle.tolist()], dtype=bool)
+        bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
         if np.count_nonzero(bad):
             i = int(np.argmax(bad))
             what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
@@ -289,6 +316,8 @@ class Scheduler:
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
         out = apply_completion(self, checked, timing, confidence, survival)
+        plan = checked.frame.plan
+        out = self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out)
         self._retire_idle(checked.frame.rows)
         return out
 
