@@ -322,6 +322,11 @@ class Scheduler:
         return out
 
     # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------
+    def restores_checkpoints(self) -> bool:
+        """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back
+        (the catalog holds SNAPSHOT and RESTORE graphs)."""
+        return self.state.enabled
+
     def is_live(self, handle: RequestHandle) -> bool:
         return handle in self.requests
 

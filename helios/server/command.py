@@ -14,6 +14,7 @@ from helios.errors import ConfigError
 _FLAGS = {
     "scheduler_policy": "--scheduler-policy", "terminal_value": "--scheduler-terminal-value",
     "terminal_age_price": "--scheduler-terminal-age-price",
+    "checkpoint_memory_mib": "--checkpoint-memory",
     "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha", "scheduler": "--scheduler",
     "speculation": "--speculation", "speculative_token_capacity": "--speculative-token-capacity",
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
@@ -74,6 +75,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="speculative decoding with copy proposals (default off)")
     g.add_argument("--speculative-token-capacity", type=positive_int, default=16,
                    help="R: aggregate target rows of a speculative program (default 16)")
+    g.add_argument("--checkpoint-memory", type=nonnegative_int, default=2048, metavar="MIB",
+                   help="torch engine: host memory for conversation checkpoints, in MiB (default 2048, about "
+                        "45k SmolLM2 tokens); a chat turn that extends a stored conversation restores it "
+                        "instead of re-prefilling; 0 disables")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip timing every prepared graph at startup (costs are then discovered on demand)")
     g = run.add_argument_group("scheduler")
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             prefill_capacity=args.prefill_capacity,
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
-            tensor_parallel=args.tensor_parallel)
+            tensor_parallel=args.tensor_parallel, checkpoint_memory_mib=args.checkpoint_memory)
         backend = build_backend(options)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)

@@ -1,0 +1,22 @@
+"""Admission against the checkpoint store: which stored anchor a new request restores.
+
+A chat request (one whose prompt carries message endpoints) that extends a stored conversation
+restores the longest stored prefix instead of re-prefilling it. The match is taken before the
+scheduler admits the request, so its `cached_tokens` name the exact restored endpoint, and the
+match guards its entry from eviction until the core restored it or detached the request.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def checkpoint_match(scheduler, core, prompt: Sequence[int], endpoints: Sequence[int]):
+    """(match, store), or (None, None) when the request restores nothing: no store on the core,
+    a scheduler that does not plan restores, no endpoints, or no stored prefix."""
+    store = getattr(core, "checkpoints", None)
+    plans = getattr(scheduler, "restores_checkpoints", None)
+    if store is None or not endpoints or plans is None or not plans():
+        return None, None
+    match = store.match(prompt)
+    return (match, store) if match is not None else (None, None)
