@@ -74,6 +74,7 @@ class BaselineScheduler(Scheduler):
 
     name = "baseline"
     synchronous = True
+    plans_state_operations = False  # no snapshot or restore: prompts are prefilled in full
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, **kwargs):

@@ -15,8 +15,7 @@ def checkpoint_match(scheduler, core, prompt: Sequence[int], endpoints: Sequence
     """(match, store), or (None, None) when the request restores nothing: no store on the core,
     a scheduler that does not plan restores, no endpoints, or no stored prefix."""
     store = getattr(core, "checkpoints", None)
-    plans = getattr(scheduler, "restores_checkpoints", None)
-    if store is None or not endpoints or plans is None or not plans():
+    if store is None or not endpoints or not scheduler.restores_checkpoints():
         return None, None
     match = store.match(prompt)
     return (match, store) if match is not None else (None, None)

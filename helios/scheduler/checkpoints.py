@@ -50,12 +50,12 @@ class Capture:
 class StateOperations:
     """Pending restores and terminal captures of one scheduler (pure bookkeeping)."""
 
-    def __init__(self, catalog: Catalog, policy: PolicyConfig):
+    def __init__(self, catalog: Catalog, policy: PolicyConfig, planned: bool = True):
         self.snapshot_shapes = catalog.of_kind(GraphKind.SNAPSHOT)
         self.restore_shapes = catalog.of_kind(GraphKind.RESTORE)
         self.policy = policy
         # Restores need both graphs: what a restore reads, a snapshot must have written.
-        self.enabled = bool(self.snapshot_shapes and self.restore_shapes)
+        self.enabled = planned and bool(self.snapshot_shapes and self.restore_shapes)
         self.restoring: dict[RequestHandle, int] = {}  # handle -> checkpoint tokens, until restored
         self.captures: dict[RequestHandle, Capture] = {}
 

@@ -40,6 +40,10 @@ class Scheduler:
     Pure: no I/O and no clock; time only arrives through `admit`, `cancel` and `advance_to`.
     """
 
+    # Snapshot and restore graphs are planned by value per time (prerequisites.py); a selector
+    # that never plans them (a baseline) must not hold terminal captures or await restores.
+    plans_state_operations = True
+
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, costs: CostTable | None = None):
         self.catalog = catalog
@@ -67,7 +71,7 @@ class Scheduler:
             raise InvalidRequest("a speculative program's depth exceeds draft_capacity")
         self.speculation = SpeculationModel(self.config.draft_capacity)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
-        self.state = StateOperations(catalog, self.policy)  # restores and terminal captures
+        self.state = StateOperations(catalog, self.policy, self.plans_state_operations)  # restores, captures
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
