@@ -131,10 +131,11 @@ class CheckpointStore:
                 e.guards -= 1
 
     # ---- copies --------------------------------------------------------------------------
-    def save(self, tokens, k: torch.Tensor, v: torch.Tensor, role: CheckpointRole) -> bool:
-        """Copy `k`/`v` ([layers, kv_heads, endpoint, head_dim] views of a slot) into a new
-        entry keyed by `tokens`; evict by the allocator's rule to make room. False (nothing
-        stored) when the copy cannot fit even with every unguarded entry evicted."""
+    def save(self, tokens, k: torch.Tensor, v: torch.Tensor, role: CheckpointRole, copy: bool = True) -> bool:
+        """Store `k`/`v` ([layers, kv_heads, endpoint, head_dim]; views of a slot are copied to
+        the host, `copy=False` keeps host tensors the caller will not modify) as a new entry
+        keyed by `tokens`; evict by the allocator's rule to make room. False (nothing stored)
+        when it cannot fit even with every unguarded entry evicted."""
         ids = np.asarray(tokens, dtype=np.int64)
         need = k.numel() * k.element_size() * 2
         with self._lock:
@@ -147,7 +148,7 @@ class CheckpointStore:
                 self.stats.skipped_snapshots += 1
                 return False
             # Host copies: the slot is reused at once, and on CUDA this frees device memory.
-            entry = _Entry(ids.copy(), k.to("cpu", copy=True), v.to("cpu", copy=True), role, next(self._clock))
+            entry = _Entry(ids.copy(), k.to("cpu", copy=copy), v.to("cpu", copy=copy), role, next(self._clock))
             # An unguarded entry whose tokens this one extends is superseded: every match it
             # could serve, the new entry serves at least as far.
             for eid in [eid for eid, e in self._entries.items()

@@ -109,6 +109,8 @@ class TorchCore:
         # A checkpoint store (checkpoint_memory bytes) adds SNAPSHOT and RESTORE graphs.
         self.checkpoints = CheckpointStore(checkpoint_memory) if checkpoint_memory else None
         self.pending_restores: dict[RequestHandle, Match] = {}
+        # Private K/V copies of snapshotted requests (preempted ones resume from them).
+        self.resumable: dict[RequestHandle, tuple[torch.Tensor, torch.Tensor]] = {}
         if self.checkpoints is not None:
             self.catalog = with_state_shapes(catalog)
         self.captured = self.device.type == "cuda" and all(
@@ -189,6 +191,7 @@ class TorchCore:
     def detach(self, handle: RequestHandle) -> None:
         """Drop a request's state and free its slot (call once no queued frame can name it)."""
         r = self.requests.pop(handle, None)
+        self.resumable.pop(handle, None)
         match = self.pending_restores.pop(handle, None)
         if match is not None:  # cancelled before its restore ran: drop the guard
             self.checkpoints.release(match.entry)

@@ -19,6 +19,12 @@ interval, and its age coefficient enters every candidate's common waiting cost. 
 of the response (the terminating burst) is held back until the snapshot completed, so a client's
 immediate continuation is admitted only after the checkpoint was published. Captured rows keep
 their slot and pages (fenced ownership) through the snapshot's completion, whatever its outcome.
+
+Preemption. `preempt` retires a resident decoding request through the same SNAPSHOT without
+completing its response: its terminal age starts at preemption, it is no longer selected, and
+once the snapshot completed its slot and pages are released and it waits, still live, for a
+RESTORE of its exact state (a fresh generation: epoch and version move on), after which it
+decodes on from its pending token as if never interrupted.
 """
 
 from __future__ import annotations
@@ -28,9 +34,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from helios.config import PolicyConfig
+from helios.errors import InvalidRequest
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.plan import NO_SLOT, FinishReason, GeneratedToken, PlanLanes, RequestHandle, RequestSpec
-from helios.scheduler.requests import RequestTable
+from helios.scheduler.requests import DECODE, RequestTable
 
 # Normal terminations: the state is complete and consistent, so it can be published.
 _CAPTURED = (FinishReason.EOS, FinishReason.LENGTH, FinishReason.CONTEXT)
@@ -65,10 +72,23 @@ class StateOperations:
             self.restoring[handle] = spec.cached_tokens
 
     def not_ready(self, t: RequestTable, rows: np.ndarray) -> np.ndarray:
-        """Mask over `rows`: requests whose restore has not completed yet."""
-        if not self.restoring:
+        """Mask over `rows`: requests whose restore has not completed yet, and preempted ones
+        waiting for their snapshot."""
+        if not self.restoring and not self.captures:
             return np.zeros(len(rows), dtype=bool)
-        return np.isin(t.handle[rows], np.fromiter(self.restoring, np.int64, len(self.restoring)))
+        held = list(self.restoring) + [h for h, c in self.captures.items() if c.preempted]
+        return np.isin(t.handle[rows], np.array(held, dtype=np.int64))
+
+    def preempt(self, t: RequestTable, handle: RequestHandle, now_ns: int) -> None:
+        """Start retiring a resident decoder through a snapshot, to resume it later by restore."""
+        row = t.index.get(handle)
+        if not self.enabled:
+            raise InvalidRequest("preemption needs SNAPSHOT and RESTORE graphs in the catalog")
+        if row is None or t.phase[row] != DECODE or t.slot[row] == NO_SLOT or handle in self.captures:
+            raise InvalidRequest(f"request {handle} is not a resident decoding request")
+        # The endpoint is read when the snapshot is planned: frames in flight may still commit.
+        self.captures[handle] = Capture(FinishReason.LENGTH, now_ns, 0, (), preempted=True)
+        t.version[row] += 1  # plans made before preemption are stale
 
     def holds(self, handle: RequestHandle) -> bool:
         """A captured request keeps its row, slot and pages until its snapshot completed."""
@@ -80,9 +100,10 @@ class StateOperations:
 
     # ---- completion ---------------------------------------------------------------------
     def completed(self, t: RequestTable, kind: GraphKind, handles, fence: int, now_ns: int,
-                  out: list[GeneratedToken]) -> list[GeneratedToken]:
+                  out: list[GeneratedToken], release) -> list[GeneratedToken]:
         """After a frame's ordinary completion: resolve its state operations, and turn this
-        frame's normal terminations into captures (their terminating burst held back)."""
+        frame's normal terminations into captures (their terminating burst held back).
+        `release(row)` returns a preempted request's slot and pages."""
         result: list[GeneratedToken] = []
         if kind is GraphKind.RESTORE:
             for h in handles:
@@ -90,8 +111,15 @@ class StateOperations:
         elif kind is GraphKind.SNAPSHOT:
             for h in handles:
                 cap = self.captures.pop(h, None)
-                if cap is not None and not cap.preempted:
+                if cap is None:
+                    continue
+                if not cap.preempted:
                     result.append(GeneratedToken(h, fence, cap.tail, cap.reason, False))
+                elif t.phase[row := t.index[h]] == DECODE:  # not cancelled meanwhile
+                    release(row)
+                    t.epoch[row] += 1  # the restore binds the state to a fresh generation
+                    t.version[row] += 1
+                    self.restoring[h] = _state_tokens(t, row)
         for g in out:
             if g.finish in _CAPTURED and self._eligible(t, g.handle):
                 row = t.index[g.handle]
@@ -119,7 +147,9 @@ class StateOperations:
         n = len(rows)
         cursor = t.prompt_done[rows] + t.queued_prompt[rows]
         if kind is GraphKind.SNAPSHOT:
-            context = np.array([self.captures[int(h)].endpoint for h in t.handle[rows]], dtype=np.int64)
+            caps = [self.captures[int(h)] for h in t.handle[rows]]
+            context = np.array([_state_tokens(t, int(r)) if c.preempted else c.endpoint
+                                for c, r in zip(caps, rows.tolist())], dtype=np.int64)
         else:
             context = np.array([self.restoring[int(h)] for h in t.handle[rows]], dtype=np.int64)
         zeros = np.zeros(n, dtype=np.int64)
@@ -128,3 +158,8 @@ class StateOperations:
                          expected_tokens=np.zeros(n), expected_deliveries=np.zeros(n),
                          value=np.asarray(values, dtype=float), needs_feedback=np.zeros(n, dtype=bool),
                          predicted_rows=np.ones(n, dtype=np.int64))
+
+
+def _state_tokens(t: RequestTable, row: int) -> int:
+    """Tokens in a decoding request's state: prompt and committed outputs but the pending one."""
+    return int(t.prompt_done[row] + t.output_done[row]) - 1

@@ -174,7 +174,7 @@ class Scheduler:
         start = self.queue.expected_end_ns(self.now_ns)
         pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
         return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
-                + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.coeff,
+                + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode, self.coeff,
                                      view.log_scale, view.waiting, budget, pages))
 
     def _view(self) -> PlanningView | None:
@@ -321,11 +321,19 @@ class Scheduler:
         self.queue.pop()
         out = apply_completion(self, checked, timing, confidence, survival)
         plan = checked.frame.plan
-        out = self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out)
+        out = self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out,
+                                   lambda row: self.resources.release(self.requests, row))
         self._retire_idle(checked.frame.rows)
         return out
 
     # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------
+    def preempt(self, handle: RequestHandle, now_ns: int) -> None:
+        """Retire a resident decoding request through a snapshot without completing its
+        response; it resumes by restore, with the same tokens as an uninterrupted run."""
+        self.advance_to(now_ns)
+        self.publications.flush()
+        self.state.preempt(self.requests, handle, now_ns)
+
     def restores_checkpoints(self) -> bool:
         """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back
         (the catalog holds SNAPSHOT and RESTORE graphs)."""

@@ -100,8 +100,9 @@ def snapshot_candidates(ops: StateOperations, t: RequestTable, costs, log_scale:
     return _cohorts(ops.snapshot_shapes, costs, rows, pool, base, c_sigma, waiting)
 
 
-def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, coeff: PriceCoefficients,
-                       log_scale: float, waiting: float, budget: Budget, pages_of) -> list[Candidate]:
+def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, decode_shapes,
+                       coeff: PriceCoefficients, log_scale: float, waiting: float, budget: Budget,
+                       pages_of) -> list[Candidate]:
     """Pending restores that can get a slot and their page extent now."""
     handles = [h for h in ops.restoring if t.slot[t.index[h]] == NO_SLOT and t.inflight[t.index[h]] == 0]
     if not handles or not ops.restore_shapes or budget.free_slots < 1:
@@ -113,8 +114,9 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     best_v, best_f = np.zeros(len(rows)), [None] * len(rows)
     for i in range(len(rows)):
         key_best = None
-        for sh in prefill_shapes:
-            work = min(int(left[i]), sh.token_capacity)
+        # A preempted decoder resumes with one output token per decode; a prompt with a chunk.
+        for sh in (prefill_shapes if left[i] > 0 else decode_shapes):
+            work = min(int(left[i]), sh.token_capacity) if left[i] > 0 else 0
             v = math.exp(lp[i] - log_scale) * work + (math.exp(lo[i] - log_scale) if work == left[i] else 0.0)
             f_ms = costs(sh)[0]
             key = (f_ms is not None, v / f_ms if f_ms else v)
