@@ -109,3 +109,25 @@ def test_cancel_before_restore_releases_the_guard(loaded):  # noqa: F811
     assert core.checkpoints.guarded() == 1
     driver.cancel(h)
     assert core.checkpoints.guarded() == 0 and not core.requests
+
+
+@pytest.mark.parametrize("options", [dict(temperature=0.0), dict(temperature=0.8, seed=7)])
+def test_preempted_request_resumes_with_the_same_tokens(loaded, options):  # noqa: F811
+    tok = loaded.tokenizer
+    ids, ends = prompt_of(tok, [{"role": "user", "content": "Count from one to twenty."}])
+    outs = []
+    for preempt in (False, True):
+        core, driver = core_and_driver(loaded, 64 * MIB)
+        h = driver.submit(ids, 10, ends, ignore_eos=True, **options)
+        other = driver.submit(ids[:-3] + ids[-2:], 4, (), temperature=0.0)  # shares the machine
+        if preempt:
+            while driver.scheduler.request_row(h).output_done < 3:
+                driver.step()
+            driver.scheduler.preempt(h, driver.now())
+        driver.run()
+        kinds = [p.shape.kind for p in driver.history if h in p.handles]
+        assert (GraphKind.RESTORE in kinds) == preempt
+        assert driver.requests[other].finish is not None
+        outs.append(driver.requests[h].tokens)
+        assert not core.requests and not core.resumable and sorted(core._free_slots) == [0, 1]
+    assert outs[0] == outs[1] and len(outs[0]) == 10
