@@ -20,7 +20,9 @@ from helios.scheduler.plan import (
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
 from helios.scheduler.planning import PlanningView, build_view
-from helios.scheduler.prerequisites import restore_candidates, snapshot_candidates, terminal_waiting
+from helios.scheduler.prerequisites import (
+    restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
+)
 from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
@@ -174,8 +176,8 @@ class Scheduler:
         start = self.queue.expected_end_ns(self.now_ns)
         pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
         return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
-                + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode, self.coeff,
-                                     view.log_scale, view.waiting, budget, pages))
+                + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode,
+                                     self.coeff, view.log_scale, view.waiting, budget, pages))
 
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""
@@ -189,7 +191,8 @@ class Scheduler:
         return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
-                          (self.speculation, self.source) if self.shapes.speculative else None)
+                          (self.speculation, self.source) if self.shapes.speculative else None,
+                          restore_log_scale(self.state, self.requests, self.coeff))
 
     def _plan_from(self, winner, view: PlanningView) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""

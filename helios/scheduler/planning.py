@@ -65,9 +65,11 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
 
 def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig,
                coeff: PriceCoefficients, decode_costs: list[tuple[int, float]], resources: ResourcePool,
-               start_ns: int, max_context: int, max_lanes: int, speculation=None) -> PlanningView:
+               start_ns: int, max_context: int, max_lanes: int, speculation=None,
+               scale_floor: float = -math.inf) -> PlanningView:
     """`rows`: live requests in admission order. `speculation` is (SpeculationModel,
-    ProposalSource) when speculative programs are loaded."""
+    ProposalSource) when speculative programs are loaded. `scale_floor`: the largest log price
+    of lanes priced outside these pools (pending restores), so they share the decision's scale."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
     lp, lo, ld = log_prices(log_x, log_z, coeff)
     phase = t.phase[rows]
@@ -86,6 +88,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
 
     lo_dec, ld_dec = lo[dec], ld[dec]
     scale = shared_log_scale(lo_dec, ld_dec, lp[pre], lo[pre])
+    if math.isfinite(scale_floor) and scale_floor > scale:
+        scale = scale_floor
     s = math.exp(-scale)
     c = policy.decode_age_price
     n_active = int(np.count_nonzero(active))

@@ -53,6 +53,16 @@ def terminal_waiting(ops: StateOperations, log_scale: float) -> float:
     return ops.policy.terminal_age_price * math.exp(-log_scale) * len(ops.captures)
 
 
+def restore_log_scale(ops: StateOperations, t: RequestTable, coeff: PriceCoefficients) -> float:
+    """The largest log price among pending restores (-inf without any): restore lanes are priced
+    outside the planning view's pools, and must share its scale so that no value overflows."""
+    if not ops.restoring:
+        return -math.inf
+    rows = np.array([t.index[h] for h in ops.restoring], dtype=np.int64)
+    lp, lo, _ = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)
+    return float(max(lp.max(), lo.max()))
+
+
 def _pool(t: RequestTable, rows: np.ndarray, base: np.ndarray) -> LanePool:
     return LanePool(t.handle[rows], t.last_served_seq[rows], t.slot[rows], base)
 
