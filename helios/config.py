@@ -91,6 +91,10 @@ class SchedulerConfig:
     draft_capacity: int = 8  # deepest proposal depth tracked (confidence sidecar width)
     speculation: SpeculationMode = SpeculationMode.OFF
     copy_proposals: bool = False  # prompt lookup instead of a learned proposer
+    # The spec's scheduler_checkpoint_extra_work_fraction: extra prefill splits and snapshot
+    # copies fit this share of a request's estimated uncached prefill work, and productive
+    # decode earns the same share of its measured time for a terminal capture.
+    checkpoint_extra_work_fraction: float = 0.05
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculation, SpeculationMode):
@@ -101,11 +105,14 @@ class SchedulerConfig:
         if not isinstance(self.copy_proposals, bool):
             raise ConfigError("copy_proposals", "must be a bool")
         for f in fields(self):
-            if f.name in ("speculation", "copy_proposals"):
+            if f.name in ("speculation", "copy_proposals", "checkpoint_extra_work_fraction"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f.name, f"must be a positive integer, got {value!r}")
+        fraction = self.checkpoint_extra_work_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
+            raise ConfigError("checkpoint_extra_work_fraction", f"must be a number in [0, 1), got {fraction!r}")
         if self.selection_slots > 64:
             raise ConfigError("selection_slots", "the spec bounds selection to 64 request slots")
         if self.frame_slots > 2:

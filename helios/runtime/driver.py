@@ -48,7 +48,7 @@ class SyncDriver:
         """Admit and attach one request; `endpoints` (message ends) let it restore a stored
         checkpoint and make its final state a terminal capture (helios.runtime.checkpoint_admission)."""
         now = self.now()
-        match, store = checkpoint_match(self.scheduler, self.core, prompt, endpoints)
+        match, store = checkpoint_match(self.scheduler, self.core, prompt)
         spec = RequestSpec(len(prompt), max_tokens, cached_tokens=match.tokens if match else 0,
                            endpoints=tuple(endpoints))
         try:

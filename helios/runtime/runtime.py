@@ -144,7 +144,7 @@ class Runtime:
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop strings need a tokenizer")
         # Stop strings are host-side feedback: the spec keeps such requests out of queued frames.
-        match, store = checkpoint_match(self.scheduler, self.core, prompt, params.endpoints)
+        match, store = checkpoint_match(self.scheduler, self.core, prompt)
         spec = RequestSpec(len(prompt), params.max_tokens, client=params.client,
                            host_feedback=bool(params.stop), request_id=params.request_id,
                            cached_tokens=match.tokens if match else 0, endpoints=params.endpoints)

@@ -9,7 +9,11 @@ that chunk's duration (prerequisites.py).
 
 Terminal capture. When completion identifies the normal termination (EOS, length, context) of
 a request whose prompt carries message endpoints (a conversation), the request's final state is
-a checkpoint worth keeping: its next turn extends it. The request then retires through a
+a checkpoint worth keeping: the response is the conversation's last completed message, its best-
+effort anchor, and the next turn extends it. Without endpoints, the capture is an extra: it is
+funded by the request's productive decode, which earns `checkpoint_extra_work_fraction` of each
+measured decode interval it took part in, and it is taken only when that allowance covers the
+snapshot's measured estimate (unknown costs disable extras). The request then retires through a
 SNAPSHOT graph instead of at once. Its lane contributes
 
     terminal_value + terminal_age_price * sigma * (A + T)
@@ -57,7 +61,7 @@ class Capture:
 class StateOperations:
     """Pending restores and terminal captures of one scheduler (pure bookkeeping)."""
 
-    def __init__(self, catalog: Catalog, policy: PolicyConfig, planned: bool = True):
+    def __init__(self, catalog: Catalog, policy: PolicyConfig, planned: bool = True, extra_fraction: float = 0.05):
         self.snapshot_shapes = catalog.of_kind(GraphKind.SNAPSHOT)
         self.restore_shapes = catalog.of_kind(GraphKind.RESTORE)
         self.policy = policy
@@ -65,6 +69,8 @@ class StateOperations:
         self.enabled = planned and bool(self.snapshot_shapes and self.restore_shapes)
         self.restoring: dict[RequestHandle, int] = {}  # handle -> checkpoint tokens, until restored
         self.captures: dict[RequestHandle, Capture] = {}
+        self.extra_fraction = extra_fraction
+        self.earned_ms: dict[RequestHandle, float] = {}  # decode-funded capture allowance
 
     # ---- admission and readiness ----------------------------------------------------------
     def admitted(self, handle: RequestHandle, spec: RequestSpec) -> None:
@@ -97,13 +103,23 @@ class StateOperations:
     def forget(self, handle: RequestHandle) -> None:
         """A cancelled request no longer waits for a restore (its fenced resources stay owned)."""
         self.restoring.pop(handle, None)
+        self.earned_ms.pop(handle, None)
+
+    def earn(self, kind: GraphKind, handles, measured_ms: float | None) -> None:
+        """Productive decode earns the extra-work fraction of its measured interval."""
+        if not self.enabled or measured_ms is None or kind.is_prefill or not kind.produces_tokens:
+            return
+        credit = self.extra_fraction * measured_ms
+        for h in handles:
+            self.earned_ms[h] = self.earned_ms.get(h, 0.0) + credit
 
     # ---- completion ---------------------------------------------------------------------
     def completed(self, t: RequestTable, kind: GraphKind, handles, fence: int, now_ns: int,
-                  out: list[GeneratedToken], release) -> list[GeneratedToken]:
+                  out: list[GeneratedToken], release, snapshot_ms: float | None = None) -> list[GeneratedToken]:
         """After a frame's ordinary completion: resolve its state operations, and turn this
         frame's normal terminations into captures (their terminating burst held back).
-        `release(row)` returns a preempted request's slot and pages."""
+        `release(row)` returns a preempted request's slot and pages; `snapshot_ms` is the
+        snapshot family's measured estimate (None: unknown)."""
         result: list[GeneratedToken] = []
         if kind is GraphKind.RESTORE:
             for h in handles:
@@ -121,7 +137,11 @@ class StateOperations:
                     t.version[row] += 1
                     self.restoring[h] = _state_tokens(t, row)
         for g in out:
-            if g.finish in _CAPTURED and self._eligible(t, g.handle):
+            if g.finish is None:
+                result.append(g)
+                continue
+            earned = self.earned_ms.pop(g.handle, 0.0)
+            if g.finish in _CAPTURED and self._eligible(t, g.handle, earned, snapshot_ms):
                 row = t.index[g.handle]
                 tail = g.tokens[-1:] if g.finish is FinishReason.EOS else ()
                 head = g.tokens[: len(g.tokens) - len(tail)]
@@ -133,12 +153,15 @@ class StateOperations:
                 result.append(g)
         return result
 
-    def _eligible(self, t: RequestTable, handle: RequestHandle) -> bool:
+    def _eligible(self, t: RequestTable, handle: RequestHandle, earned_ms: float, snapshot_ms: float | None) -> bool:
         row = t.index.get(handle)
-        if not self.enabled or row is None or not t.has_endpoints[row] or t.slot[row] == NO_SLOT:
+        if not self.enabled or row is None or t.slot[row] == NO_SLOT:
             return False
         # With neither a terminal value nor an age price, a capture could wait forever.
-        return self.policy.terminal_value > 0 or self.policy.terminal_age_price > 0
+        if self.policy.terminal_value <= 0 and self.policy.terminal_age_price <= 0:
+            return False
+        # A conversation's response is its anchor; anything else is an extra the decode funded.
+        return bool(t.has_endpoints[row]) or (snapshot_ms is not None and earned_ms >= snapshot_ms)
 
     # ---- lanes -----------------------------------------------------------------------------
     def lanes(self, t: RequestTable, kind: GraphKind, rows: np.ndarray, values: np.ndarray) -> PlanLanes:

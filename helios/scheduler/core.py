@@ -73,7 +73,8 @@ class Scheduler:
             raise InvalidRequest("a speculative program's depth exceeds draft_capacity")
         self.speculation = SpeculationModel(self.config.draft_capacity)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
-        self.state = StateOperations(catalog, self.policy, self.plans_state_operations)  # restores, captures
+        self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
+                                     self.config.checkpoint_extra_work_fraction)
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -177,7 +178,8 @@ class Scheduler:
         pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
         return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
                 + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode,
-                                     self.coeff, view.log_scale, view.waiting, budget, pages))
+                                     self.coeff, view.log_scale, view.waiting, budget, pages,
+                                     view.prefill.get(GraphKind.PREFILL, (None,))[0]))
 
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""
@@ -323,9 +325,13 @@ class Scheduler:
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
         out = apply_completion(self, checked, timing, confidence, survival)
-        plan = checked.frame.plan
+        plan, sample = checked.frame.plan, timing.cost_sample_ns()
+        productive = [g.handle for g in out if g.tokens]
+        self.state.earn(plan.shape.kind, productive, None if sample is None else sample / 1e6)
+        snap = [t for sh in self.state.snapshot_shapes if (t := self.costs.estimate_ns(sh)) is not None]
         out = self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out,
-                                   lambda row: self.resources.release(self.requests, row))
+                                   lambda row: self.resources.release(self.requests, row),
+                                   min(snap) / 1e6 if snap else None)
         self._retire_idle(checked.frame.rows)
         return out
 

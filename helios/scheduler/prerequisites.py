@@ -25,6 +25,7 @@ import numpy as np
 from helios.graphs import GraphKind
 from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.cost import CostState
+from helios.scheduler.lookahead import two_stage
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidate
 from helios.scheduler.requests import RequestTable
@@ -112,8 +113,11 @@ def snapshot_candidates(ops: StateOperations, t: RequestTable, costs, log_scale:
 
 def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, decode_shapes,
                        coeff: PriceCoefficients, log_scale: float, waiting: float, budget: Budget,
-                       pages_of) -> list[Candidate]:
-    """Pending restores that can get a slot and their page extent now."""
+                       pages_of, ready_pool: LanePool | None = None) -> list[Candidate]:
+    """Pending restores that can get a slot and their page extent now. With a measured restore
+    and a measured following prefill, the cohort and score are the exact two-stage choice
+    (lookahead.py; `ready_pool`: the prefill lanes already ready to share that graph); otherwise
+    lanes rank by the continuation index."""
     handles = [h for h in ops.restoring if t.slot[t.index[h]] == NO_SLOT and t.inflight[t.index[h]] == 0]
     if not handles or not ops.restore_shapes or budget.free_slots < 1:
         return []
@@ -140,4 +144,43 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     ranking = np.array([continuation_index(best_v[j], costs(ops.restore_shapes[0])[0], best_f[j])
                         for j in range(len(rows))])
     # Each restored request takes a slot and its page extent: keep the cohort within the budget.
-    return _cohorts(ops.restore_shapes, costs, rows, pool, ranking, 0.0, waiting, value_of, pages_of(rows), budget)
+    cands = _cohorts(ops.restore_shapes, costs, rows, pool, ranking, 0.0, waiting, value_of, pages_of(rows), budget)
+    for c in cands:
+        _exact_pair(c, pool, costs, prefill_shapes, lp - log_scale, lo - log_scale, left, ready_pool, waiting)
+    return cands
+
+
+def _chunk_values(log_prefill, log_first, left, chunk: int) -> np.ndarray:
+    """Scaled service of one prefill chunk per lane (prompt tokens, plus the first output token
+    when the chunk finishes the prompt); zero for a lane with no prompt left."""
+    work = np.minimum(left, chunk)
+    return np.where(left > 0, np.exp(log_prefill) * work + np.where(work == left, np.exp(log_first), 0.0), 0.0)
+
+
+def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, log_prefill, log_first, left,
+                ready_pool: LanePool | None, waiting: float) -> None:
+    """Replace a restore candidate's continuation-index score by the best exact two-stage
+    sequence over every measured following prefill shape. The plan keeps the restore's T."""
+    if c.t_ms is None or c.cost_state is CostState.UNKNOWN:
+        return
+    cap = len(c.members)
+    best, best_order = None, None
+    for sh in prefill_shapes:
+        f_ms, state = costs(sh)
+        if f_ms is None or state is CostState.UNKNOWN:
+            continue
+        newly = _chunk_values(log_prefill, log_first, left, sh.token_capacity)
+        ready = np.zeros(0)
+        if ready_pool is not None and len(ready_pool.handles):
+            ready = np.exp(ready_pool.log_prefill) * np.minimum(ready_pool.prompt_left, sh.token_capacity) + np.where(
+                ready_pool.prompt_left <= sh.token_capacity, ready_pool.first_token, 0.0)
+        choice = two_stage(newly, ready, (), cap, sh.batch_capacity, c.t_ms, f_ms, waiting)
+        if choice is not None and choice.sequence and (best is None or choice.score > best.score):
+            best, best_order = choice, ranked_lanes(newly, pool.lru, pool.slots)
+    if best is None:
+        return
+    c.members = best_order[: best.newly]
+    c.works = np.zeros(len(c.members), dtype=np.int64)
+    c.value = best.value
+    c.score = best.score  # ranks by T + F; the plan's estimated duration stays the restore's T
+    c.key = (c.t_ms is None, c.score) + c.key[2:]

@@ -59,10 +59,25 @@ def test_terminal_lane_value_is_terminal_value_plus_aged_urgency():
     assert np.isclose(snap.lanes.value[0], (256.0 + 1.0 * 2.0 * (0 + 2.0)) * scale)
 
 
-def test_no_capture_without_endpoints_or_without_terminal_terms():
+def test_capture_without_endpoints_is_an_extra_funded_by_decode():
+    # 0.05 x 10 ms per decode: one decode earns 0.5 ms, seven earn 3.5 ms >= the 2 ms snapshot.
     s = make(TABLE)
-    s.admit(spec(prompt=60, out=2), 0)  # no message endpoints: not a conversation
+    s.admit(spec(prompt=60, out=2), 0)
     assert GraphKind.SNAPSHOT not in [p.shape.kind for p, _ in drain(s)[0]]
+    s = make(TABLE)
+    s.admit(spec(prompt=60, out=8), 0)
+    assert [p.shape.kind for p, _ in drain(s)[0]][-1] is GraphKind.SNAPSHOT
+    # Unknown snapshot cost: extras are disabled, the anchor (endpoints) stays eligible.
+    s = make(TABLE, unmeasured=(SNAP,))
+    s.admit(spec(prompt=60, out=8), 0)
+    assert GraphKind.SNAPSHOT not in [p.shape.kind for p, _ in drain(s)[0]]
+    s = make(TABLE, unmeasured=(SNAP,))
+    s.admit(spec(prompt=60, out=2, endpoints=(20,)), 0)
+    assert [p.shape.kind for p, _ in drain(s)[0]][-1] is GraphKind.SNAPSHOT
+    assert not s.state.earned_ms
+
+
+def test_no_capture_without_terminal_terms():
     s = make(TABLE, policy=PolicyConfig(terminal_value=0.0, terminal_age_price=0.0))
     s.admit(spec(prompt=60, out=2, endpoints=(20,)), 0)
     assert GraphKind.SNAPSHOT not in [p.shape.kind for p, _ in drain(s)[0]]
@@ -74,6 +89,7 @@ def test_restore_is_a_prerequisite_before_the_suffix_prefill():
     log, _ = drain(s)
     first, second = log[0][0], log[1][0]
     assert first.shape.kind is GraphKind.RESTORE and first.lanes.context_tokens.tolist() == [250]
+    assert first.estimated_duration_ns == 3 * MS  # the plan keeps the restore's physical T
     assert second.shape.kind is GraphKind.PREFILL and second.lanes.prompt_start.tolist() == [250]
     prefilled = sum(int(p.lanes.prompt_tokens.sum()) for p, _ in log)
     assert prefilled == 50 and not s.is_live(h)
