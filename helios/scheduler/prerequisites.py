@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios.graphs import GraphKind
 from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.cost import CostState
 from helios.scheduler.lookahead import two_stage

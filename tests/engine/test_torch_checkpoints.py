@@ -131,3 +131,31 @@ def test_preempted_request_resumes_with_the_same_tokens(loaded, options):  # noq
         outs.append(driver.requests[h].tokens)
         assert not core.requests and not core.resumable and sorted(core._free_slots) == [0, 1]
     assert outs[0] == outs[1] and len(outs[0]) == 10
+
+
+def test_threaded_runtime_restores_a_continued_chat(loaded):  # noqa: F811
+    """The server's runtime: turn 2 of a chat restores turn 1's terminal capture, and its text
+    equals a run without checkpoints; the held finish still ends each stream."""
+    from helios.runtime.runtime import Runtime
+    from helios.runtime.stream import SamplingParams
+
+    texts = []
+    for memory in (64 * MIB, 0):
+        core, _ = core_and_driver(loaded, memory)
+        tok = core.tokenizer
+        scheduler = Scheduler(core.catalog, config=core.scheduler_config())
+        messages = [{"role": "user", "content": "Name a planet."}]
+        out = []
+        with Runtime(scheduler, core, tokenizer=tok) as runtime:
+            for turn in range(2):
+                ids, ends = prompt_of(tok, messages)
+                stream = runtime.submit(ids, SamplingParams(max_tokens=6, temperature=0.0, endpoints=ends))
+                text = "".join(e.text for e in stream)
+                assert stream.finish_reason in ("stop", "length")
+                out.append(text)
+                messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "Another one?"}]
+            assert runtime.wait_idle(30)
+        texts.append(out)
+        if memory:
+            assert core.checkpoints.stats.restores == 1 and core.checkpoints.guarded() == 0
+    assert texts[0] == texts[1]
