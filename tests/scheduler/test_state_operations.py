@@ -182,7 +182,7 @@ def test_no_leaked_slots_pages_or_lost_requests(ops, seed):
     assert all(d.requests[h].finish is not None for h in handles)  # no lost request
     assert not any(sched.is_live(h) for h in handles)
     assert sched.resources.free_slots == 3 and sched.resources.free_pages == sched.resources.total_pages
-    assert not sched.state.captures and not sched.state.restoring
+    assert not sched.state.captures and not sched.state.restoring and not sched.state.earned_ms
 
 
 def _submit_cached(sched, d, cached, n):
