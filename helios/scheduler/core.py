@@ -187,7 +187,8 @@ class Scheduler:
             return None
         self.publications.flush()
         live = self.requests.live_rows()
-        live = live[~self.state.not_ready(self.requests, live)]  # restores not yet completed
+        if self.state.restoring or self.state.captures:  # restores not completed, preemptions
+            live = live[~self.state.not_ready(self.requests, live)]
         if not len(live) and not (self.state.captures or self.state.restoring):
             return None
         return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
