@@ -159,3 +159,14 @@ def test_threaded_runtime_restores_a_continued_chat(loaded):  # noqa: F811
         if memory:
             assert core.checkpoints.stats.restores == 1 and core.checkpoints.guarded() == 0
     assert texts[0] == texts[1]
+
+
+def test_message_endpoints_are_exact_token_boundaries(loaded):  # noqa: F811
+    tok = loaded.tokenizer
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there."},
+                {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Name a color."}]
+    ids, ends = prompt_of(tok, messages)
+    assert len(ends) == 4 and list(ends) == sorted(set(ends)) and 0 < ends[0] and ends[-1] < len(ids)
+    for i, e in enumerate(ends):  # each endpoint is the token count of the conversation up to message i
+        head = tok.encode(tok.apply_chat_template(messages[: i + 1], add_generation_prompt=False))
+        assert ids[:e] == head
