@@ -127,6 +127,10 @@ class SchedulerConfig:
     # Funded timing refresh and acceptance learning; False keeps both ledgers from ever earning
     # (the counterfactual in which a first estimate lasts forever, for experiments).
     funded_exploration: bool = True
+    # The spec's scheduler_checkpoint_extra_work_fraction: extra prefill splits and snapshot
+    # copies fit this share of a request's estimated uncached prefill work, and productive
+    # decode earns the same share of its measured time for a terminal capture.
+    checkpoint_extra_work_fraction: float = 0.05
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculation, SpeculationMode):
@@ -138,11 +142,14 @@ class SchedulerConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, "must be a bool")
         for f in fields(self):
-            if f.name in ("speculation", "copy_proposals", "funded_exploration"):
+            if f.name in ("speculation", "copy_proposals", "funded_exploration", "checkpoint_extra_work_fraction"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f.name, f"must be a positive integer, got {value!r}")
+        fraction = self.checkpoint_extra_work_fraction
+        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not 0.0 <= fraction < 1.0:
+            raise ConfigError("checkpoint_extra_work_fraction", f"must be a number in [0, 1), got {fraction!r}")
         if self.selection_slots > 64:
             raise ConfigError("selection_slots", "the spec bounds selection to 64 request slots")
         if self.frame_slots > 2:

@@ -75,6 +75,7 @@ class BaselineScheduler(Scheduler):
     name = "baseline"
     synchronous = True
     mixed_graphs = False  # Helios's mixed catalog is never imposed on a baseline
+    plans_state_operations = False  # no snapshot or restore: prompts are prefilled in full
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, **kwargs):

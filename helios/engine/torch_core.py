@@ -28,8 +28,10 @@ from helios.engine.core import Execution
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, verify_sampled
+from helios.engine.torch_checkpoints import CheckpointStore, Match
 from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
 from helios.engine.torch_packed import PackedGraph, needs_packing
+from helios.engine.torch_state_ops import STATE_KINDS, run_state_plan, time_state_copy, with_state_shapes
 from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, Stopping, validate_plan
 from helios.errors import ConfigError, InvalidRequest
 from helios.graphs import Catalog, GraphKind
@@ -39,6 +41,8 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
 
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
+# A guarded checkpoint match (CheckpointStore.match) to restore before the suffix is prefilled.
+RESTORE_OPTION = "checkpoint"
 # vLLM's stopping extensions: generate past EOS, no EOS or stop token before min_tokens, extra
 # token ids that end a request like EOS does.
 STOPPING_OPTIONS = ("ignore_eos", "min_tokens", "stop_token_ids")
@@ -78,7 +82,7 @@ class TorchCore:
                  widths: Sequence[int] = (1, 2, 4), speculative_token_capacity: int = 16,
                  num_threads: int | None = None, device: str | torch.device = "cpu",
                  loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32,
-                 mixed_prefill: bool = False):
+                 mixed_prefill: bool = False, checkpoint_memory: int = 0):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
@@ -111,6 +115,13 @@ class TorchCore:
         # Packed graphs (mixed shapes, prefill shapes whose rows need packing) run eagerly: their
         # per-row attention follows the query lengths, which a CUDA graph would freeze. Built on first use.
         self.packed: dict = {}
+        # A checkpoint store (checkpoint_memory bytes) adds SNAPSHOT and RESTORE graphs.
+        self.checkpoints = CheckpointStore(checkpoint_memory) if checkpoint_memory else None
+        self.pending_restores: dict[RequestHandle, Match] = {}
+        # Private K/V copies of snapshotted requests (preempted ones resume from them).
+        self.resumable: dict[RequestHandle, tuple[torch.Tensor, torch.Tensor]] = {}
+        if self.checkpoints is not None:
+            self.catalog = with_state_shapes(catalog)
         self.captured = self.device.type == "cuda" and all(
             [g.capture(self.model, self.cache) for g in self.graphs.values()])
         self.requests: dict[RequestHandle, CoreRequest] = {}
@@ -131,6 +142,10 @@ class TorchCore:
         measured interval in ns (see helios.server.warmup for how a server seeds costs)."""
         if shape.kind is GraphKind.MIXED:
             return self._time_packed(shape, context)
+        if shape.kind in STATE_KINDS:
+            timer = _Timer(self.device)
+            time_state_copy(self, shape, context)
+            return timer.stop()
         graph = self.graphs[shape]
         start = max(0, min(context, self.cache.max_context - graph.length))
         rows = [RowWork(self.cache.scratch_slot, (PAD_TOKEN,) * graph.length, start, True)] * graph.batch
@@ -148,7 +163,18 @@ class TorchCore:
 
     # ---- requests ------------------------------------------------------------------------------
     def attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
-        unknown = set(options) - set(SAMPLING_OPTIONS) - set(STOPPING_OPTIONS)
+        """Attach a request. A `checkpoint` option (a guarded CheckpointStore match) makes its
+        first work a RESTORE; the core owns that guard from here on, even when attach fails."""
+        match = options.get(RESTORE_OPTION)
+        try:
+            self._attach(handle, prompt, **options)
+        except BaseException:
+            if isinstance(match, Match) and self.checkpoints is not None:
+                self.checkpoints.release(match.entry)
+            raise
+
+    def _attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
+        unknown = set(options) - set(SAMPLING_OPTIONS) - set(STOPPING_OPTIONS) - {RESTORE_OPTION}
         if unknown:
             raise InvalidRequest(f"unknown TorchCore options {sorted(unknown)}; "
                                  f"it takes {', '.join(SAMPLING_OPTIONS + STOPPING_OPTIONS)}")
@@ -164,17 +190,34 @@ class TorchCore:
                                  f"{self.max_context}-token context")
         stopping = Stopping.of(self.tokenizer.eos_id, self.config.vocab_size,
                                **{k: options.pop(k) for k in STOPPING_OPTIONS if k in options})
+        match = options.pop(RESTORE_OPTION, None)
+        if match is not None and (self.checkpoints is None or not isinstance(match, Match)
+                                  or not 0 < match.tokens < len(ids)):
+            raise InvalidRequest(f"{RESTORE_OPTION} must be a CheckpointStore match inside the prompt")
         sampling = SamplingOptions.of(**options)
         self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator(), stopping=stopping)
+        if match is not None:
+            self.pending_restores[handle] = match
 
     def detach(self, handle: RequestHandle) -> None:
         """Drop a request's state and free its slot (call once no queued frame can name it)."""
         r = self.requests.pop(handle, None)
+        self.resumable.pop(handle, None)
+        match = self.pending_restores.pop(handle, None)
+        if match is not None:  # cancelled before its restore ran: drop the guard
+            self.checkpoints.release(match.entry)
         if r is not None and r.slot is not None:
             self._free_slots.append(r.slot)
 
     # ---- execution -----------------------------------------------------------------------------
     def execute(self, plan: ScheduledPlan, fence: Fence) -> Execution:
+        if plan.shape.kind in STATE_KINDS:
+            if self.checkpoints is None:
+                raise PlanMismatch(f"{plan.shape.label()} needs a checkpoint store (checkpoint_memory)")
+            timer = _Timer(self.device)
+            records = run_state_plan(self, plan)
+            duration = timer.stop()
+            return Execution(records, ExecutionTiming((duration,), None, None), duration)
         works = validate_plan(plan, self.requests, self._free_slots, self.catalog, self.max_context)
         if needs_packing(plan):
             return self._execute_packed(plan, works)

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from helios.runtime.checkpoint_admission import checkpoint_match
 from helios.runtime.step import StepLoop, visible_tokens
 from helios.scheduler.plan import FinishReason, GeneratedToken, RequestSpec, ScheduledPlan
 
@@ -43,9 +44,21 @@ class SyncDriver:
     def now(self) -> int:
         return self.loop.now()
 
-    def submit(self, prompt: Sequence[int], max_tokens: int, **options) -> int:
+    def submit(self, prompt: Sequence[int], max_tokens: int, endpoints: Sequence[int] = (), **options) -> int:
+        """Admit and attach one request; `endpoints` (message ends) let it restore a stored
+        checkpoint and make its final state a terminal capture (helios.runtime.checkpoint_admission)."""
         now = self.now()
-        handle = self.scheduler.admit(RequestSpec(len(prompt), max_tokens), now)
+        match, store = checkpoint_match(self.scheduler, self.core, prompt)
+        spec = RequestSpec(len(prompt), max_tokens, cached_tokens=match.tokens if match else 0,
+                           endpoints=tuple(endpoints))
+        try:
+            handle = self.scheduler.admit(spec, now)
+        except BaseException:
+            if match is not None:
+                store.release(match.entry)
+            raise
+        if match is not None:
+            options = {**options, "checkpoint": match}
         self.core.attach(handle, prompt, **options)
         self.loop.attached(handle)
         self.requests[handle] = DriverRequest(tuple(prompt), now)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from helios.errors import HeliosError, InvalidCompletion, InvalidRequest
+from helios.runtime.checkpoint_admission import checkpoint_match
 from helios.runtime.publication import Publication
 from helios.runtime.step import StepLoop, visible_tokens
 from helios.runtime.stream import CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent
@@ -143,18 +144,26 @@ class Runtime:
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop strings need a tokenizer")
         # Stop strings are host-side feedback: the spec keeps such requests out of queued frames.
+        match, store = checkpoint_match(self.scheduler, self.core, prompt)
         spec = RequestSpec(len(prompt), params.max_tokens, client=params.client,
-                           host_feedback=bool(params.stop), request_id=params.request_id)
+                           host_feedback=bool(params.stop), request_id=params.request_id,
+                           cached_tokens=match.tokens if match else 0, endpoints=params.endpoints)
+        options = {**params.attach_options(), **({"checkpoint": match} if match else {})}
         with self._cv:
-            if not self._accepting:
-                raise RuntimeClosed("the runtime is not accepting requests")
-            now = self._step.now()
-            handle = self.scheduler.admit(spec, now)
+            try:
+                if not self._accepting:
+                    raise RuntimeClosed("the runtime is not accepting requests")
+                now = self._step.now()
+                handle = self.scheduler.admit(spec, now)
+            except BaseException:
+                if match is not None:  # not admitted: the core never owns the guard
+                    store.release(match.entry)
+                raise
             stream = RequestStream(handle, len(prompt), params, now, self._cancel)
             self._streams[handle] = stream
             self._pubs[handle] = Publication(self.tokenizer, params.stop)
             # Queued before any execute that can include the handle: the worker is FIFO.
-            self._work.put(("attach", handle, prompt, params.attach_options()))
+            self._work.put(("attach", handle, prompt, options))
             self._step.attached(handle)
             self.stats.submitted += 1
             self._cv.notify_all()

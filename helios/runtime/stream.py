@@ -32,6 +32,9 @@ class SamplingParams:
     client: str = "default"
     request_id: str | None = None
     core_options: dict = field(default_factory=dict)
+    # Exact token offsets where the prompt's completed messages end (chat requests): checkpoint
+    # anchors, and what makes the request's final state worth a terminal capture.
+    endpoints: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

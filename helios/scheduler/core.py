@@ -12,6 +12,7 @@ from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import Publications
+from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.exploration import Exploration
@@ -22,6 +23,9 @@ from helios.scheduler.plan import (
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
 from helios.scheduler.planning import PlanningView, build_view
+from helios.scheduler.prerequisites import (
+    restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
+)
 from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
@@ -42,6 +46,9 @@ class Scheduler:
     """
 
     mixed_graphs = True  # selects the catalog's mixed graphs (baselines never do)
+    # Snapshot and restore graphs are planned by value per time (prerequisites.py); a selector
+    # that never plans them (a baseline) must not hold terminal captures or await restores.
+    plans_state_operations = True
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, costs: CostTable | None = None):
@@ -74,6 +81,8 @@ class Scheduler:
             raise InvalidRequest("a speculative or mixed program's depth exceeds draft_capacity")
         self.speculation = SpeculationModel(self.config.draft_capacity)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
+        self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
+                                     self.config.checkpoint_extra_work_fraction)
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -97,6 +106,7 @@ class Scheduler:
         handle = self._next_handle
         self._next_handle += 1
         self.requests.add(handle, request, self._starting_log_rate())
+        self.state.admitted(handle, request)
         return handle
 
     def _starting_log_rate(self) -> float:
@@ -130,6 +140,7 @@ class Scheduler:
         t.update_phase([row])
         t.epoch[row] += 1
         t.version[row] += 1
+        self.state.forget(handle)
         self._retire_idle([row])
 
     def _retire_idle(self, rows) -> None:
@@ -137,6 +148,8 @@ class Scheduler:
         rows = np.asarray(rows, dtype=np.int64)
         for row in rows[(t.phase[rows] == DONE) & (t.inflight[rows] == 0)].tolist():
             handle = int(t.handle[row])
+            if self.state.holds(handle):
+                continue  # a terminal capture retires through its snapshot
             self.resources.release(t, row)
             t.remove(row)
             if len(self._retired) == self._retired.maxlen:
@@ -155,7 +168,9 @@ class Scheduler:
         if view is None:
             return None
         costs = self._cost_lookup(self.now_ns)
-        candidates = decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
+        view.waiting += terminal_waiting(self.state, view.log_scale)
+        candidates = self._state_candidates(view, costs)
+        candidates += decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
         # Device allocation needs the program's causal confidence; copy proposals have none,
         # so adaptive copy speculation chooses widths with host allocation.
         device = self.config.speculation is SpeculationMode.ADAPTIVE and not self.config.copy_proposals
@@ -172,26 +187,44 @@ class Scheduler:
         chosen, reason = self.exploration.choose(self, candidates, best(candidates), view, costs, device)
         return self._plan_from(chosen, view, reason)
 
+    def _state_candidates(self, view: PlanningView, costs) -> list:
+        """Terminal snapshots and prerequisite restores (prerequisites.py)."""
+        if not self.state.enabled:
+            return []
+        budget = Budget(self.resources.free_slots, self.resources.free_pages)
+        start = self.queue.expected_end_ns(self.now_ns)
+        pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
+        return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
+                + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode,
+                                     self.coeff, view.log_scale, view.waiting, budget, pages,
+                                     view.prefill.get(GraphKind.PREFILL, (None,))[0]))
+
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""
         if not self.queue.accepts_more(self.now_ns):
             return None
         self.publications.flush()
         live = self.requests.live_rows()
-        if not len(live):
+        if self.state.restoring or self.state.captures:  # restores not completed, preemptions
+            live = live[~self.state.not_ready(self.requests, live)]
+        if not len(live) and not (self.state.captures or self.state.restoring):
             return None
         return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
                           self._normalizers(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
-                          (self.speculation, self.source) if self.shapes.rounds else None)
+                          (self.speculation, self.source) if self.shapes.rounds else None,
+                          restore_log_scale(self.state, self.requests, self.coeff))
 
     def _plan_from(self, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
         if winner is None:
             return None
         kind, t_ms = winner.shape.kind, winner.t_ms or 0.0
-        if kind is GraphKind.SPECULATIVE:
+        if kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
+            lanes = self.state.lanes(self.requests, kind, winner.table_rows[winner.members],
+                                     winner.lane_values[winner.members])
+        elif kind is GraphKind.SPECULATIVE:
             lanes = self._spec_lanes(winner, view)
         elif kind is GraphKind.MIXED:
             lanes = mixed_lanes(self.requests, winner, view)
@@ -270,7 +303,10 @@ class Scheduler:
         if None in found:
             raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
         rows = np.array(found, dtype=np.int64)
-        bad = (t.phase[rows] == DONE) | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
+        done = t.phase[rows] == DONE
+        if plan.shape.kind is GraphKind.SNAPSHOT:  # terminal captures retire through this graph
+            done &= ~np.array([self.state.holds(h) for h in lanes.handle.tolist()], dtype=bool)
+        bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
         if np.count_nonzero(bad):
             i = int(np.argmax(bad))
             what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
@@ -331,12 +367,31 @@ class Scheduler:
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
         out = apply_completion(self, checked, timing, confidence, survival)
+        plan, sample = checked.frame.plan, timing.cost_sample_ns()
+        productive = [g.handle for g in out if g.tokens]
+        self.state.earn(plan.shape.kind, productive, None if sample is None else sample / 1e6)
+        snap = [t for sh in self.state.snapshot_shapes if (t := self.costs.estimate_ns(sh)) is not None]
+        out = self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out,
+                                   lambda row: self.resources.release(self.requests, row),
+                                   min(snap) / 1e6 if snap else None)
         self._retire_idle(checked.frame.rows)
         if not len(self.queue) and not np.count_nonzero(self.requests.phase != DONE):
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
 
     # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------
+    def preempt(self, handle: RequestHandle, now_ns: int) -> None:
+        """Retire a resident decoding request through a snapshot without completing its
+        response; it resumes by restore, with the same tokens as an uninterrupted run."""
+        self.advance_to(now_ns)
+        self.publications.flush()
+        self.state.preempt(self.requests, handle, now_ns)
+
+    def restores_checkpoints(self) -> bool:
+        """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back
+        (the catalog holds SNAPSHOT and RESTORE graphs)."""
+        return self.state.enabled
+
     def is_live(self, handle: RequestHandle) -> bool:
         return handle in self.requests
 

@@ -68,9 +68,11 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
 def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig,
                coeff: PriceCoefficients, decode_costs: list[tuple[int, float]], norm: Normalizers,
                resources: ResourcePool, start_ns: int, max_context: int, max_lanes: int,
-               speculation=None) -> PlanningView:
+               speculation=None, scale_floor: float = -math.inf) -> PlanningView:
     """`rows`: live requests in admission order; `norm`: the current reference rates.
-    `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded."""
+    `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded.
+    `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
+    so they share the decision's scale."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
     lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price)
     phase = t.phase[rows]
@@ -90,6 +92,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     lo_dec, ld_dec = lo[dec], ld[dec]
     act = active.nonzero()[0]
     scale = shared_log_scale(lo_dec, ld_dec, lp[pre], lo[pre], lo[act], ld[act])
+    if math.isfinite(scale_floor) and scale_floor > scale:
+        scale = scale_floor
     s = math.exp(-scale)
     c = policy.decode_age_price
     n_active = int(np.count_nonzero(active))

@@ -63,3 +63,6 @@ class SchedulerProtocol(Protocol):
         """A consistent read-only copy of counters, resources and estimates."""
     def seed_costs(self, samples: Mapping[GraphShape, Iterable[int]], now_ns: int) -> None:
         """Feed warm-up device observations (ns) to the cost table, as completions would."""
+    def restores_checkpoints(self) -> bool:
+        """True when admission may carry `cached_tokens` that the scheduler restores through a
+        RESTORE graph before prefilling the rest (and terminal captures feed the store)."""

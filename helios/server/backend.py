@@ -48,6 +48,8 @@ class EngineOptions:
     weights: str = "fp32"  # torch engine: fp32 (reference tokens) or int8 (faster, other tokens)
     tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
+    # torch engine: host memory for conversation checkpoints (SNAPSHOT/RESTORE graphs); 0 disables.
+    checkpoint_memory_mib: int = 2048
 
 
 @dataclass(slots=True)
@@ -96,6 +98,9 @@ def build_backend(options: EngineOptions) -> Backend:
         speculation = SpeculationMode(options.speculation)
     except ValueError:
         raise ConfigError("speculation", f"choose off, fixed or adaptive, got {options.speculation!r}") from None
+    if isinstance(options.checkpoint_memory_mib, bool) or not isinstance(options.checkpoint_memory_mib, int) \
+            or options.checkpoint_memory_mib < 0:
+        raise ConfigError("checkpoint_memory_mib", f"must be a nonnegative integer, got {options.checkpoint_memory_mib!r}")
     if options.slots > 64:
         raise ConfigError("slots", "selection is bounded to 64 request slots")
     chunks = prefill_chunks(options.prefill_capacity)
@@ -161,6 +166,7 @@ def _torch_core(options, speculation, chunks):
             raise ConfigError("tensor_parallel", "needs --engine torch")
         core = TensorParallelCore(options.tensor_parallel, path, **kwargs)
     else:
-        core = TorchCore(path, weights=options.weights, **kwargs)
+        core = TorchCore(path, weights=options.weights, checkpoint_memory=options.checkpoint_memory_mib << 20,
+                         **kwargs)
     # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
     return core, path.name.split(".")[0] or path.stem

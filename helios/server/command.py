@@ -16,6 +16,7 @@ _FLAGS = {
     "terminal_age_price": "--scheduler-terminal-age-price",
     "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha",
     "adaptation_ms": "--scheduler-adaptation-ms", "scheduler": "--scheduler",
+    "checkpoint_memory_mib": "--checkpoint-memory",
     "speculation": "--speculation", "speculative_token_capacity": "--speculative-token-capacity",
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
@@ -77,6 +78,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="R: aggregate target rows of a speculative program (default 16)")
     g.add_argument("--mixed-prefill", action="store_true",
                    help="also prepare mixed graphs: one prompt chunk and the decode rows in one forward")
+    g.add_argument("--checkpoint-memory", type=nonnegative_int, default=2048, metavar="MIB",
+                   help="torch engine: host memory for conversation checkpoints, in MiB (default 2048, about "
+                        "45k SmolLM2 tokens); a chat turn that extends a stored conversation restores it "
+                        "instead of re-prefilling; 0 disables")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip timing every prepared graph at startup (costs are then discovered on demand)")
     g = run.add_argument_group("scheduler")
@@ -123,7 +128,8 @@ def run(args: argparse.Namespace) -> int:
             prefill_capacity=args.prefill_capacity,
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
-            tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill)
+            tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
+            checkpoint_memory_mib=args.checkpoint_memory)
         backend = build_backend(options)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)

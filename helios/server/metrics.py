@@ -115,3 +115,31 @@ class _RuntimeCollector:
         yield CounterMetricFamily("flare_engine_faults", "frames that failed in the engine", value=stats.faults)
         yield CounterMetricFamily("flare_requests_submitted", "requests admitted to the runtime",
                                   value=stats.submitted)
+        yield from _checkpoint_metrics(snap, getattr(self.runtime.core, "checkpoints", None))
+
+
+_CHECKPOINT = (  # metric name, CheckpointStats field, help
+    ("hits", "hits", "chat admissions that matched a stored checkpoint prefix"),
+    ("misses", "misses", "chat admissions that matched no stored checkpoint"),
+    ("evictions", "evictions", "checkpoints evicted by the allocator's rule to make room"),
+    ("restored_tokens", "restored_tokens", "prompt tokens restored instead of prefilled"),
+    ("skipped_snapshots", "skipped_snapshots", "snapshot copies skipped: no room even after eviction"),
+)
+
+
+def _checkpoint_metrics(snap, store):
+    """flare_checkpoint_*: the core's store counters (read without its lock: plain counters, a
+    scrape may see one copy half counted) and the scheduler's snapshot/restore executions."""
+    for name, key, doc in _CHECKPOINT:
+        yield CounterMetricFamily(f"flare_checkpoint_{name}", doc, value=getattr(store.stats, key) if store else 0)
+    runs = {"snapshot": 0, "restore": 0}
+    for shape, n in snap.by_shape.items():
+        if shape.kind.value in runs:
+            runs[shape.kind.value] += n
+    for kind, n in runs.items():
+        yield CounterMetricFamily(f"flare_checkpoint_{kind}_executions", f"completed {kind} graphs", value=n)
+    if store is not None:
+        yield GaugeMetricFamily("flare_checkpoint_bytes", "host memory held by stored checkpoints",
+                                value=store.used_bytes)
+        yield GaugeMetricFamily("flare_checkpoint_capacity_bytes", "the checkpoint store's bound (--checkpoint-memory)",
+                                value=store.capacity_bytes)

@@ -6,10 +6,12 @@ nothing is silently ignored except `name` on chat messages and `parallel_tool_ca
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 
 from helios.runtime.stream import SamplingParams
+from helios.server.anchors import message_endpoints
 from helios.server.errors import APIError
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -106,8 +108,9 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
         limit, param = req.max_tokens, "max_tokens"
     max_tokens = _max_tokens(limit, param, len(ids), max_context, None, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    return Prepared(rid, ids, _params(req, max_tokens, rid, vocab_size), req.stream, _include_usage(req),
-                    continuous_usage=_continuous_usage(req))
+    params = dataclasses.replace(_params(req, max_tokens, rid, vocab_size),
+                                 endpoints=message_endpoints(tokenizer, messages, text, ids))
+    return Prepared(rid, ids, params, req.stream, _include_usage(req), continuous_usage=_continuous_usage(req))
 
 
 def _common(req) -> None:

@@ -1,0 +1,185 @@
+"""Candidates for state operations: restores (prerequisites) and terminal snapshots.
+
+Both compete with inference through the same value-per-time score, cohort rule (a prefix of
+lanes ranked by additive value) and tie-breaks (policy.finish_candidate), with no priority
+override. Unknown durations follow the discovery rules: the candidate ranks optimistically by
+its value, and no duration or reference interval is invented.
+
+Restore: a lane's contribution is the spec's continuation index V*T/(T+F). V is the scaled
+service of the prefill chunk the restore enables (prompt tokens at 1 + f/x, plus the first
+output token when the chunk finishes the prompt), F that chunk's duration, T the restore's.
+The prefill shape taken for (V, F) is the one-row prefill with the best V/F (measured shapes
+first); an unknown F compares optimistically (contribution V).
+
+Snapshot (terminal): terminal_value + terminal_age_price*sigma*(A + T) per lane, scaled by the
+decision's shared factor; the T-dependent part enters as the candidate's age slope.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from helios.scheduler.checkpoints import StateOperations
+from helios.scheduler.cost import CostState
+from helios.scheduler.lookahead import two_stage
+from helios.scheduler.plan import NO_SLOT
+from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidate
+from helios.scheduler.requests import RequestTable
+from helios.scheduler.service import PriceCoefficients, log_prices
+from helios.scheduler.utility import prefix_sums, ranked_lanes, reference_interval_ms
+
+
+@dataclass(slots=True)
+class StateCandidate(Candidate):
+    """A state-operation candidate: also names its lanes' table rows and scaled lane values."""
+
+    table_rows: np.ndarray | None = None  # table row of each pool entry
+    lane_values: np.ndarray | None = None  # scaled value per pool entry, T-dependent part included
+
+
+def continuation_index(value: float, t_ms: float | None, f_ms: float | None) -> float:
+    """V*T/(T+F): a prerequisite lane's cohort-ranking contribution. Unknown durations compare
+    optimistically by useful value."""
+    if t_ms is None or f_ms is None:
+        return value
+    return value * t_ms / (t_ms + f_ms)
+
+
+def terminal_waiting(ops: StateOperations, log_scale: float) -> float:
+    """Scaled sum of terminal age coefficients: added to every candidate's common waiting cost."""
+    return ops.policy.terminal_age_price * math.exp(-log_scale) * len(ops.captures)
+
+
+def restore_log_scale(ops: StateOperations, t: RequestTable, coeff: PriceCoefficients) -> float:
+    """The largest log price among pending restores (-inf without any): restore lanes are priced
+    outside the planning view's pools, and must share its scale so that no value overflows."""
+    if not ops.restoring:
+        return -math.inf
+    rows = np.array([t.index[h] for h in ops.restoring], dtype=np.int64)
+    lp, lo, _ = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)
+    return float(max(lp.max(), lo.max()))
+
+
+def _pool(t: RequestTable, rows: np.ndarray, base: np.ndarray) -> LanePool:
+    return LanePool(t.handle[rows], t.last_served_seq[rows], t.slot[rows], base)
+
+
+def _cohorts(shapes, costs, table_rows: np.ndarray, pool: LanePool, values: np.ndarray, slope_per_lane, waiting: float,
+             value_of=None, pages=None, budget: Budget | None = None) -> list[Candidate]:
+    """Every batch capacity with the top-B lanes of `values` (state copies have no padding
+    work). With `pages` and `budget`, a cohort stops at the slots and pages still free."""
+    order = ranked_lanes(values, pool.lru, pool.slots)
+    sums = prefix_sums(values[order])
+    limit = len(order)
+    if budget is not None:
+        fits = np.cumsum(pages[order]) <= budget.free_pages
+        limit = min(budget.free_slots, int(np.argmin(fits)) if not fits.all() else len(order))
+    out = []
+    for shape in sorted(shapes, key=lambda s: s.batch_capacity):
+        m = min(shape.batch_capacity, limit)
+        if m == 0:
+            continue
+        t_ms, state = costs(shape)
+        value = float(sums[m]) if value_of is None else value_of(order[:m], t_ms)
+        c = StateCandidate(shape, order[:m], np.zeros(m, dtype=np.int64), value, slope_per_lane * m, t_ms, state)
+        c.table_rows = table_rows
+        c.lane_values = values + slope_per_lane * (t_ms or 0.0)
+        out.append(finish_candidate(c, pool, waiting))
+    return out
+
+
+def snapshot_candidates(ops: StateOperations, t: RequestTable, costs, log_scale: float, waiting: float,
+                        now_ns: int) -> list[Candidate]:
+    """Terminal captures not yet submitted."""
+    handles = [h for h in ops.captures if t.inflight[t.index[h]] == 0]
+    if not handles or not ops.snapshot_shapes:
+        return []
+    rows = np.array([t.index[h] for h in handles], dtype=np.int64)
+    s = math.exp(-log_scale)
+    measured = [(sh.batch_capacity, ms) for sh in ops.snapshot_shapes
+                if (ms := costs(sh)[0]) is not None and costs(sh)[1] is not CostState.UNKNOWN]
+    k = len(ops.captures)
+    sigma = reference_interval_ms(measured, k, k)
+    c_sigma = ops.policy.terminal_age_price * sigma * s if sigma is not None else 0.0
+    ages = np.array([max(0, now_ns - ops.captures[h].since_ns) / 1e6 for h in handles])
+    base = ops.policy.terminal_value * s + c_sigma * ages
+    pool = _pool(t, rows, base)
+    return _cohorts(ops.snapshot_shapes, costs, rows, pool, base, c_sigma, waiting)
+
+
+def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, decode_shapes,
+                       coeff: PriceCoefficients, log_scale: float, waiting: float, budget: Budget,
+                       pages_of, ready_pool: LanePool | None = None) -> list[Candidate]:
+    """Pending restores that can get a slot and their page extent now. With a measured restore
+    and a measured following prefill, the cohort and score are the exact two-stage choice
+    (lookahead.py; `ready_pool`: the prefill lanes already ready to share that graph); otherwise
+    lanes rank by the continuation index."""
+    handles = [h for h in ops.restoring if t.slot[t.index[h]] == NO_SLOT and t.inflight[t.index[h]] == 0]
+    if not handles or not ops.restore_shapes or budget.free_slots < 1:
+        return []
+    rows = np.array([t.index[h] for h in handles], dtype=np.int64)
+    lp, lo, _ = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)
+    left = t.prompt_left(rows)
+    # V and F per lane from the best one-row prefill (measured first, then by V/F).
+    best_v, best_f = np.zeros(len(rows)), [None] * len(rows)
+    for i in range(len(rows)):
+        key_best = None
+        # A preempted decoder resumes with one output token per decode; a prompt with a chunk.
+        for sh in (prefill_shapes if left[i] > 0 else decode_shapes):
+            work = min(int(left[i]), sh.token_capacity) if left[i] > 0 else 0
+            v = math.exp(lp[i] - log_scale) * work + (math.exp(lo[i] - log_scale) if work == left[i] else 0.0)
+            f_ms = costs(sh)[0]
+            key = (f_ms is not None, v / f_ms if f_ms else v)
+            if key_best is None or key > key_best:
+                key_best, best_v[i], best_f[i] = key, v, f_ms
+    pool = _pool(t, rows, best_v)
+
+    def value_of(members, t_ms):
+        return float(sum(continuation_index(best_v[j], t_ms, best_f[j]) for j in members.tolist()))
+
+    ranking = np.array([continuation_index(best_v[j], costs(ops.restore_shapes[0])[0], best_f[j])
+                        for j in range(len(rows))])
+    # Each restored request takes a slot and its page extent: keep the cohort within the budget.
+    cands = _cohorts(ops.restore_shapes, costs, rows, pool, ranking, 0.0, waiting, value_of, pages_of(rows), budget)
+    for c in cands:
+        _exact_pair(c, pool, costs, prefill_shapes, lp - log_scale, lo - log_scale, left, ready_pool, waiting)
+    return cands
+
+
+def _chunk_values(log_prefill, log_first, left, chunk: int) -> np.ndarray:
+    """Scaled service of one prefill chunk per lane (prompt tokens, plus the first output token
+    when the chunk finishes the prompt); zero for a lane with no prompt left."""
+    work = np.minimum(left, chunk)
+    return np.where(left > 0, np.exp(log_prefill) * work + np.where(work == left, np.exp(log_first), 0.0), 0.0)
+
+
+def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, log_prefill, log_first, left,
+                ready_pool: LanePool | None, waiting: float) -> None:
+    """Replace a restore candidate's continuation-index score by the best exact two-stage
+    sequence over every measured following prefill shape. The plan keeps the restore's T."""
+    if c.t_ms is None or c.cost_state is CostState.UNKNOWN:
+        return
+    cap = len(c.members)
+    best, best_order = None, None
+    for sh in prefill_shapes:
+        f_ms, state = costs(sh)
+        if f_ms is None or state is CostState.UNKNOWN:
+            continue
+        newly = _chunk_values(log_prefill, log_first, left, sh.token_capacity)
+        ready = np.zeros(0)
+        if ready_pool is not None and len(ready_pool.handles):
+            ready = np.exp(ready_pool.log_prefill) * np.minimum(ready_pool.prompt_left, sh.token_capacity) + np.where(
+                ready_pool.prompt_left <= sh.token_capacity, ready_pool.first_token, 0.0)
+        choice = two_stage(newly, ready, (), cap, sh.batch_capacity, c.t_ms, f_ms, waiting)
+        if choice is not None and choice.sequence and (best is None or choice.score > best.score):
+            best, best_order = choice, ranked_lanes(newly, pool.lru, pool.slots)
+    if best is None:
+        return
+    c.members = best_order[: best.newly]
+    c.works = np.zeros(len(c.members), dtype=np.int64)
+    c.value = best.value
+    c.score = best.score  # ranks by T + F; the plan's estimated duration stays the restore's T
+    c.key = (c.t_ms is None, c.score) + c.key[2:]

@@ -1,0 +1,91 @@
+"""The exact two-stage cohort against exhaustive enumeration with an independent scorer, and the
+spec's snapshot-cost sweep."""
+
+from __future__ import annotations
+
+from itertools import chain, combinations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helios.scheduler.lookahead import two_stage
+from helios.scheduler.prerequisites import continuation_index
+
+
+def subsets(items):
+    return chain.from_iterable(combinations(range(len(items)), k) for k in range(len(items) + 1))
+
+
+def brute_force(newly, ready, terminal, bp, bg, t, f, w):
+    """Every subset triple, scored from scratch: (best score, most requests at that score)."""
+    best = None
+    for sn in subsets(newly):
+        for sm in subsets(terminal):
+            if len(sn) + len(sm) > bp:
+                continue
+            if sn:
+                for sr in subsets(ready):
+                    if len(sn) + len(sr) > bg:
+                        continue
+                    value = sum(newly[i] for i in sn) + sum(ready[i] for i in sr) + sum(terminal[i] for i in sm)
+                    cand = (value / (t + f) - (t + f) / 2 * w, len(sn) + len(sr) + len(sm))
+                    best = cand if best is None or cand > best else best
+            elif sm:
+                value = sum(terminal[i] for i in sm)
+                # Spare prerequisite capacity advances newly ready rows at no cost.
+                cand = (value / t - t / 2 * w, len(sm) + min(len(newly), bp - len(sm)))
+                best = cand if best is None or cand > best else best
+    return best
+
+
+values = st.lists(st.floats(0.0, 50.0, allow_nan=False), max_size=4)
+
+
+@settings(max_examples=300, deadline=None)
+@given(values, values, values, st.integers(1, 4), st.integers(1, 4), st.floats(0.1, 20.0), st.floats(0.1, 20.0),
+       st.sampled_from([0.0, 0.01, 0.5]))
+def test_two_stage_matches_exhaustive_enumeration(newly, ready, terminal, bp, bg, t, f, w):
+    got = two_stage(newly, ready, terminal, bp, bg, t, f, w)
+    want = brute_force(newly, ready, terminal, bp, bg, t, f, w)
+    if want is None:
+        assert got is None
+        return
+    assert got.score == pytest.approx(want[0], rel=1e-9, abs=1e-9)
+    if got.sequence:
+        assert got.newly >= 1  # at least one newly ready row takes part
+    # Equal value rates prefer advancing more requests.
+    if abs(got.score - want[0]) <= 1e-9 * max(1.0, abs(want[0])):
+        assert got.advanced == want[1]
+
+
+def test_snapshot_cost_sweep_enables_the_shared_decode_only_with_enough_value_per_time():
+    """Three ready decoders; one more row joins the shared decode batch only after a snapshot of
+    cost T. The sequence must win exactly when (a + sum b)/(T + F) - (T + F)/2 w beats decoding
+    the three now, sum b / F - F/2 w."""
+    a, b, f, w = 30.0, [10.0, 10.0, 10.0], 10.0, 0.01
+    outcomes = []
+    for t in np.geomspace(0.05, 200.0, 60):
+        seq = two_stage([a], b, [], 1, 4, float(t), f, w)
+        decode_now = sum(b) / f - f / 2 * w
+        expected = (a + sum(b)) / (t + f) - (t + f) / 2 * w > decode_now  # independent scorer
+        outcomes.append(seq.score > decode_now)
+        assert outcomes[-1] == expected
+        assert seq.newly == 1 and seq.ready == 3
+    assert any(outcomes) and not all(outcomes)  # the sweep crosses the switch point
+    # The winner switches once: cheap snapshots enable the batch, expensive ones do not.
+    assert outcomes == sorted(outcomes, reverse=True)
+
+
+def test_terminal_rows_fill_the_prerequisite_and_can_win_alone():
+    # A cheap snapshot graph with two terminal completions: their value alone over T beats the
+    # sequence whose following graph is slow and adds little.
+    got = two_stage([1.0], [], [50.0, 40.0], 4, 4, 2.0, 100.0)
+    assert not got.sequence and got.terminal == 2 and got.newly == 1  # spare capacity advances it
+    got = two_stage([500.0], [], [50.0, 40.0], 3, 4, 2.0, 10.0)
+    assert got.sequence and (got.newly, got.terminal) == (1, 2)
+
+
+def test_chain_continuation_index():
+    # V*T/(T+F): a further stage of F ms discounts a continuation's ranking contribution.
+    assert continuation_index(12.0, 4.0, 8.0) == pytest.approx(4.0)
