@@ -36,16 +36,20 @@ def test_decoders_keep_being_served_while_a_long_prompt_is_prefilled():
     during = [p for p, _, _ in d.history[start:]]
     prompt_plans = [p for p in during if long in p.handles]
     assert sum(p.lanes[p.handles.index(long)].prompt_tokens for p in prompt_plans) == 6000
-    # The long prompt is prefilled through mixed graphs that carry every decoding stream (its
-    # freshly priced first chunk may still run alone: prices decide, not a rule).
+    # Prices decide, not a rule: the newcomer's fresh prompt price lets its first chunks run alone
+    # (under the issue-12 flat normalized prompt price, three 1024-token chunks here), and once
+    # its price has come down the rest of the prompt rides mixed graphs with the decoders.
     mixed_chunks = [p for p in prompt_plans if p.shape.kind is MIXED]
-    assert len(mixed_chunks) >= len(prompt_plans) - 1 and len(mixed_chunks) >= 5
-    assert all(p.prefill_row == 0 and set(streams) <= set(p.handles) for p in mixed_chunks)
-    # So no stream waits through two prompt chunks in a row while the prompt is consumed.
+    first_mixed = next(i for i, p in enumerate(prompt_plans) if p.shape.kind is MIXED)
+    assert all(p.shape.kind is MIXED for p in prompt_plans[first_mixed:]) and len(mixed_chunks) >= 3
+    assert all(p.prefill_row == 0 and len(set(streams) & set(p.handles)) >= p.shape.batch_capacity - 1
+               for p in mixed_chunks)
+    # No stream waits longer than the spec's startup cadence (gaps < 150 ms) while the prompt is
+    # consumed: the decoders' stall is priced, so prefill-only chunks cannot run on indefinitely.
     for h in streams:
         times = d.published[h]
         gaps = [b - a for a, b in zip(times, times[1:]) if a >= d.history[start][1]]
-        assert max(gaps) <= 2 * max(table.values()) * MS
+        assert max(gaps) < 150 * MS
     # No request is lost: everyone finishes, each with all its tokens.
     d.run(400)
     assert not any(s.is_live(h) for h in streams + [long])
