@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from helios.cli import build_parser, main
+from helios.config import BALANCED_ADAPTATION_MS
 
 from .support import FlareServer, metrics, value, wait_for, wait_resources_free
 
@@ -51,7 +52,7 @@ def test_adaptation_constant_reaches_the_scheduler():
     from helios.server import EngineOptions, build_backend
 
     assert build_backend(EngineOptions(engine="sim", adaptation_ms=750.0)).scheduler.policy.adaptation_ms == 750.0
-    assert build_backend(EngineOptions(engine="sim")).scheduler.policy.adaptation_ms == 100.0
+    assert build_backend(EngineOptions(engine="sim")).scheduler.policy.adaptation_ms == BALANCED_ADAPTATION_MS
     assert build_parser().parse_args(["run", "--scheduler-adaptation-ms", "250"]).scheduler_adaptation_ms == 250.0
 
 
