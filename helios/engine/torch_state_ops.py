@@ -58,7 +58,9 @@ def validate_state_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], r
         else:
             if r.slot is None:
                 raise PlanMismatch(f"request {lane.handle}: snapshot of a request with no KV slot")
-            if lane.context_tokens != r.kv_len:
+            # A decode frame queued behind the request's last one may have run past its finish, so the
+            # core can hold more than the endpoint; positions before it are exact (causal), never fewer.
+            if not 0 < lane.context_tokens <= r.kv_len:
                 raise PlanMismatch(f"request {lane.handle}: snapshot endpoint {lane.context_tokens}, but the "
                                    f"core holds {r.kv_len} tokens")
             out.append((lane, r, r.slot))
@@ -89,8 +91,8 @@ def run_state_plan(core, plan: ScheduledPlan) -> tuple[CompletionRecord, ...]:
             # lane names it.
             r.slot, r.kv_len, r.scheduler_slot = slot, n, lane.slot
         else:
-            n = r.kv_len
-            tokens = r.context()[:n]  # prompt, then every committed output but the pending one
+            n = lane.context_tokens
+            tokens = r.context()[:n]  # prompt, then the committed outputs up to the endpoint
             k = cache.k[:, slot, :, :n].to("cpu", copy=True)
             v = cache.v[:, slot, :, :n].to("cpu", copy=True)
             store.save(tokens, k, v, CheckpointRole.TERMINAL, copy=False)

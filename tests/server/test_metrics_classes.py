@@ -13,6 +13,7 @@ MS = 1_000_000
 class _Runtime:
     def __init__(self, scheduler):
         self.scheduler = scheduler
+        self.core = None  # no checkpoint store: the collector reports none
 
     def snapshot(self):
         return self.scheduler.snapshot(), RuntimeStats()

@@ -3,6 +3,7 @@ demonstrations (a graph whose duration drifts, acceptance that changes mid-strea
 
 from fractions import Fraction
 
+import pytest
 from hypothesis import event, given, settings, strategies as st
 
 from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
@@ -81,6 +82,9 @@ def test_drift_refresh_notices_the_recovered_graph_and_selection_follows():
     assert funded.tokens_per_s > 1.1 * unfunded.tokens_per_s
 
 
+@pytest.mark.xfail(strict=True, reason="since the issue-10/12 merge the unfunded counterfactual also widens "
+                   "(widths 5-8): ordinary selection now gathers acceptance observations without probes, "
+                   "so this demo no longer isolates the ledger; open in issue 13")
 def test_acceptance_learning_recovers_deeper_speculation_after_acceptance_turns_high():
     funded = exploration_demo.acceptance(funded=True)
     unfunded = exploration_demo.acceptance(funded=False)
