@@ -367,17 +367,22 @@ class Scheduler:
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
         out = apply_completion(self, checked, timing, confidence, survival)
-        plan, sample = checked.frame.plan, timing.cost_sample_ns()
-        productive = [g.handle for g in out if g.tokens]
-        self.state.earn(plan.shape.kind, productive, None if sample is None else sample / 1e6)
-        snap = [t for sh in self.state.snapshot_shapes if (t := self.costs.estimate_ns(sh)) is not None]
-        out = self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out,
-                                   lambda row: self.resources.release(self.requests, row),
-                                   min(snap) / 1e6 if snap else None)
+        if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
+            out = self._complete_state(checked.frame.plan, fence, timing, out)
         self._retire_idle(checked.frame.rows)
         if not len(self.queue) and not np.count_nonzero(self.requests.phase != DONE):
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
+
+    def _complete_state(self, plan: ScheduledPlan, fence: Fence, timing: ExecutionTiming, out):
+        """Capture allowance, state-operation results and terminal captures (checkpoints.py)."""
+        sample = timing.cost_sample_ns()
+        productive = [g.handle for g in out if g.tokens]
+        self.state.earn(plan.shape.kind, productive, None if sample is None else sample / 1e6)
+        snap = [t for sh in self.state.snapshot_shapes if (t := self.costs.estimate_ns(sh)) is not None]
+        return self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out,
+                                    lambda row: self.resources.release(self.requests, row),
+                                    min(snap) / 1e6 if snap else None)
 
     # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------
     def preempt(self, handle: RequestHandle, now_ns: int) -> None:
