@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import strategies as st
 
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.graphs import Catalog, GraphKind, GraphShape
@@ -93,6 +94,31 @@ class Driver:
                 break
             plans.append(p)
         return plans
+
+
+# A synthetic request for the exhaustive selection tests: (decoding?, log token rate, log delivery
+# rate, output age in ms, prompt tokens left: tails below, between and above the prompt capacities).
+REQUEST_STATE = st.tuples(st.booleans(), st.floats(-6.0, 2.0), st.floats(-6.0, 2.0), st.integers(0, 400),
+                          st.integers(1, 300))
+
+
+def with_states(table: dict, states, policy) -> Scheduler:
+    """A measured scheduler at t = 1 s holding one request per REQUEST_STATE, set directly in the table."""
+    s = make(table, policy=policy)
+    now = 1000 * MS
+    s.advance_to(now)
+    for decoding, lx, lz, age, left in states:
+        h = s.admit(spec(prompt=left + 10, out=50), now)
+        t, r = s.requests, s.requests.row(h)
+        t.log_x[r] = lx
+        if decoding:
+            t.prompt_done[r] = t.prompt_tokens[r]
+            t.log_z[r] = lz
+            t.last_publication_ns[r], t.has_publication[r] = now - age * MS, True
+        else:
+            t.prompt_done[r] = 10
+        t.update_phase([r])
+    return s
 
 
 def shift_log_x(s: Scheduler, handle, delta: float) -> None:

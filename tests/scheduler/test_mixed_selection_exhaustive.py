@@ -16,7 +16,7 @@ from helios.config import PolicyConfig
 from helios.graphs import GraphKind, GraphShape
 from helios.scheduler.requests import Phase
 
-from conftest import MS, decode, make, prefill, spec
+from conftest import MS, REQUEST_STATE, decode, prefill, with_states
 
 
 def mixed(b, c):
@@ -95,35 +95,12 @@ def brute_force(s, policy):
     return best, count
 
 
-request_state = st.tuples(
-    st.booleans(),  # decoding?
-    st.floats(-6.0, 2.0),  # log token rate
-    st.floats(-6.0, 2.0),  # log delivery rate
-    st.integers(0, 400),  # output age in ms
-    st.integers(1, 300),  # prompt tokens left: tails below, between and above the prompt capacities
-)
-
-
 def build(states, policy):
-    s = make(TABLE, policy=policy)
-    now = 1000 * MS
-    s.advance_to(now)
-    for decoding, lx, lz, age, left in states:
-        h = s.admit(spec(prompt=left + 10, out=50), now)
-        t, r = s.requests, s.requests.row(h)
-        t.log_x[r] = lx
-        if decoding:
-            t.prompt_done[r] = t.prompt_tokens[r]
-            t.log_z[r] = lz
-            t.last_publication_ns[r], t.has_publication[r] = now - age * MS, True
-        else:
-            t.prompt_done[r] = 10
-        t.update_phase([r])
-    return s
+    return with_states(TABLE, states, policy)
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(request_state, min_size=1, max_size=6),
+@given(st.lists(REQUEST_STATE, min_size=1, max_size=6),
        st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0), PolicyConfig(token_fairness=0.0)]))
 def test_every_legal_mixed_cohort_against_exhaustive_enumeration(states, policy):
     s = build(states, policy)

@@ -19,7 +19,7 @@ from hypothesis import given, settings, strategies as st
 from helios.config import PolicyConfig
 from helios.scheduler.requests import Phase
 
-from conftest import MS, decode, make, prefill, spec
+from conftest import MS, REQUEST_STATE, decode, prefill, with_states
 
 TABLE = {decode(1): 8.0, decode(2): 8.6, decode(4): 9.9, prefill(64): 6.0, prefill(256): 13.0,
          prefill(64, 2): 7.5, prefill(64, 4): 10.0}
@@ -105,36 +105,14 @@ def brute_force(s, policy):
     return best
 
 
-request_state = st.tuples(
-    st.booleans(),  # decoding?
-    st.floats(-6.0, 2.0),  # log token rate
-    st.floats(-6.0, 2.0),  # log delivery rate
-    st.integers(0, 400),  # output age in ms
-    st.integers(1, 300),  # prompt tokens left
-)
-
-
 @settings(max_examples=150, deadline=None)
-@given(st.lists(request_state, min_size=1, max_size=6), st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0),
+@given(st.lists(REQUEST_STATE, min_size=1, max_size=6), st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0),
                                                                        PolicyConfig(token_fairness=0.0),
                                                                        # graphs of ~2 tau: stalls dominate
                                                                        PolicyConfig(adaptation_ms=4.0),
                                                                        PolicyConfig(stall_pricing=False)]))
 def test_plan_matches_exhaustive_enumeration(states, policy):
-    s = make(TABLE, policy=policy)
-    now = 1000 * MS
-    s.advance_to(now)
-    for decoding, lx, lz, age, left in states:
-        h = s.admit(spec(prompt=left + 10, out=50), now)
-        t, r = s.requests, s.requests.row(h)
-        t.log_x[r] = lx
-        if decoding:
-            t.prompt_done[r] = t.prompt_tokens[r]
-            t.log_z[r] = lz
-            t.last_publication_ns[r], t.has_publication[r] = now - age * MS, True
-        else:
-            t.prompt_done[r] = 10
-        t.update_phase([r])
+    s = with_states(TABLE, states, policy)
     p = s.plan()
     expected, shape, handles = brute_force(s, policy)
     got = p.selection_value_rate() * math.exp(p.selection_log_scale())
