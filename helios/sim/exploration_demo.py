@@ -4,9 +4,16 @@ drift       one request on speculative programs of widths 2, 4 and 6 (B=1), host
             runs 30% slower for a while, then recovers. Ordinary service notices the slowdown and
             selection moves away; only a funded timing refresh can notice the recovery of a graph
             that is no longer selected, and selection follows it back.
-acceptance  requests whose acceptance is zero for their first rounds, then high. Selection falls
-            back to width one, where rounds supply no acceptance observations; funded acceptance
-            probes notice the change and deeper speculation returns.
+acceptance  requests whose acceptance is zero for their first rounds, then high, on a scheduler whose
+            population prior says drafts never survive. Selection stays at width one, where rounds
+            supply no acceptance observations; funded acceptance probes notice the change and
+            deeper speculation returns. Two things are held still so that nothing else can bring
+            depth back: graph durations do not depend on context, and the prior is zero, not 0.5^d.
+            Otherwise (measured after the issue-10/12 merge) width one's cost, measured at ever
+            longer contexts, overtakes wider programs' estimates taken at 64-token contexts and
+            fresh for 30 s, and the early zero observations stop just below break-even (~0.03 per
+            depth), so cost drift or noise tips ordinary selection into a wider round, whose
+            observations then widen it further: the counterfactual recovered without any probe.
 
 `funded=False` runs the same workload with ledgers that never earn (SchedulerConfig.funded_exploration):
 the counterfactual in which the first estimate lasts for the rest of the run.
@@ -15,7 +22,7 @@ the counterfactual in which the first estimate lasts for the rest of the run.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.engine.sim_core import SimCore
@@ -76,9 +83,14 @@ def acceptance(funded: bool = True, seed: int = 1, concurrency: int = 4, switch_
                end_ns: int = 7 * SECOND) -> DemoResult:
     """Acceptance zero for each request's first `switch_rounds` rounds, then 0.9 per position."""
     cat = _catalog(range(1, 9), 4)
-    model = SyntheticCostModel.realistic_small()
+    # No KV term: a duration that grows with context would let width one's fresh estimate overtake
+    # the wider programs' estimates from 64-token contexts (see the module docstring).
+    model = replace(SyntheticCostModel.realistic_small(), c_kv=0)
     s = Scheduler(cat, PolicyConfig(), SchedulerConfig(speculation=SpeculationMode.ADAPTIVE, funded_exploration=funded))
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
+    # A population prior preseeded at zero (learned on traffic whose drafts never survived): every
+    # wider round is worth exactly width one's value, so only a probe's observation can change that.
+    s.seed_acceptance([0.0] * s.config.draft_capacity)
     phased = PhasedAcceptance(AcceptanceModel([0.0] * 8, spread=0.0), AcceptanceModel([0.9] * 8, spread=0.0),
                               switch_rounds)
     core = SimCore(cat, model, seed=seed, noise=0.02, acceptance=phased)

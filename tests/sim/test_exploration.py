@@ -3,7 +3,6 @@ demonstrations (a graph whose duration drifts, acceptance that changes mid-strea
 
 from fractions import Fraction
 
-import pytest
 from hypothesis import event, given, settings, strategies as st
 
 from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
@@ -82,15 +81,18 @@ def test_drift_refresh_notices_the_recovered_graph_and_selection_follows():
     assert funded.tokens_per_s > 1.1 * unfunded.tokens_per_s
 
 
-@pytest.mark.xfail(strict=True, reason="since the issue-10/12 merge the unfunded counterfactual also widens "
-                   "(widths 5-8): ordinary selection now gathers acceptance observations without probes, "
-                   "so this demo no longer isolates the ledger; open in issue 13")
 def test_acceptance_learning_recovers_deeper_speculation_after_acceptance_turns_high():
     funded = exploration_demo.acceptance(funded=True)
     unfunded = exploration_demo.acceptance(funded=False)
     assert funded.executions["acceptance_learning"] >= 1
+    # Depth comes back through a probe: the first wider round is an acceptance-learning execution.
+    first_wide = next(t for t in funded.sim.scheduler.traces
+                      if t.shape.kind is GraphKind.SPECULATIVE and t.shape.token_capacity > 1)
+    assert first_wide.reason is SelectionReason.ACCEPTANCE_LEARNING
     width = sum(w * n for w, n in funded.final_widths.items()) / sum(funded.final_widths.values())
     assert width >= 6
     # Without probes, width-one rounds supply no acceptance observations: width one all along.
     assert set(unfunded.final_widths) == {1}
+    assert all(t.shape.token_capacity == 1 for t in unfunded.sim.scheduler.traces
+               if t.shape.kind is GraphKind.SPECULATIVE)
     assert funded.tokens_per_s > 2 * unfunded.tokens_per_s
