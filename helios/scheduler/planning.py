@@ -137,7 +137,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         # Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
         # charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
         growing = np.exp((lf if everyone else lf[act]) - scale) + np.exp(ld_act - scale)
-        stall_total = float(growing.sum())
+        stall_total = float(np.add.reduce(growing))  # growing.sum(), without its wrapper
         if same:
             decode.stall = growing  # the decode pool is every active row, in the same order
         else:

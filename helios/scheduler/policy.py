@@ -87,6 +87,9 @@ class Budget:
     free_pages: int
 
 
+# ndarray.sum() of a 1-D array is this reduction behind a Python wrapper: the same sum, cheaper.
+_sum = np.add.reduce
+
 # id(shape) -> (shape, is_prefill, token_capacity, target_capacity, negated capacities): what the
 # tie-break reads from a shape, computed once per shape object instead of per candidate (the
 # shape is kept alive by the entry, so its id is never reused while cached).
@@ -113,7 +116,7 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
     else:
         c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
         if pool.stall_total > 0.0:
-            served = float(pool.stall[c.members].sum()) if pool.stall is not None and n else 0.0
+            served = float(_sum(pool.stall[c.members])) if pool.stall is not None and n else 0.0
             c.score -= stall_cost(pool.stall_total - served, c.t_ms, pool.tau_ms)
     c.lru = lru if lru is not None else max(pool.lru[c.members].tolist()) if n else 0
     if is_prefill:
@@ -155,7 +158,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
         if stalled and m < n and t_ms is not None:
             own = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru, pool.slots)
             members = own[:m]
-            value, lru = float(pool.base[members].sum()), max(pool.lru[members].tolist())
+            value, lru = float(_sum(pool.base[members])), max(pool.lru[members].tolist())
         c = Candidate(shape, members, works[:m], value, pool.age_slope * m, t_ms, state)
         out.append(finish_candidate(c, pool, waiting, lru))
     return out
