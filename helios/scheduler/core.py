@@ -74,6 +74,7 @@ class Scheduler:
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
         self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
+        self._derived_cache, self._derived_version = None, None  # see _derived
         # State-row reservation (draft_capacity) covers the widest verification of the separate
         # and the mixed catalogs.
         if self.shapes.max_verification_width - 1 > self.config.draft_capacity or any(
@@ -257,16 +258,27 @@ class Scheduler:
 
     def _normalizers(self) -> Normalizers:
         """The phases' reference rates from the measured catalog (docs/scheduling-utility.md)."""
-        if not self.policy.phase_normalized:
-            return PHYSICAL
-        prefill = [(s.token_capacity, t / 1e6) for s in self.shapes.prefill + self.shapes.scored_prefill
-                   if (t := self.costs.estimate_ns(s)) is not None]
-        return reference_normalizers(prefill, self._decode_costs())
+        return self._derived()[1]
 
     def _decode_costs(self) -> list[tuple[int, float]]:
-        # Every delivery-bearing family: one visible burst per lane, whatever its width.
-        return [(s.batch_capacity, t / 1e6) for s in self.shapes.delivery
-                if (t := self.costs.estimate_ns(s)) is not None]
+        return self._derived()[0]
+
+    def _derived(self) -> tuple:
+        """(decode costs, normalizers): functions of the estimates alone, recomputed only when
+        the cost table's version moves (a table without one, e.g. a baseline's time-dependent
+        moving average, recomputes at every call)."""
+        version = getattr(self.costs, "version", None)
+        if version is None or version != self._derived_version or self._derived_cache is None:
+            est = self.costs.estimate_ns
+            # Every delivery-bearing family: one visible burst per lane, whatever its width.
+            decode = [(s.batch_capacity, t / 1e6) for s in self.shapes.delivery if (t := est(s)) is not None]
+            norm = PHYSICAL
+            if self.policy.phase_normalized:
+                prefill = [(s.token_capacity, t / 1e6) for s in self.shapes.prefill + self.shapes.scored_prefill
+                           if (t := est(s)) is not None]
+                norm = reference_normalizers(prefill, decode)
+            self._derived_cache, self._derived_version = (decode, norm), version
+        return self._derived_cache
 
     def _cost_lookup(self, now: int):
         def lookup(shape):

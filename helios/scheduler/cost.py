@@ -41,6 +41,10 @@ class CostTable:
         # The same shape objects are looked up at every decision: an identity-keyed cache skips
         # rehashing them (the cached shape is kept alive, so its id cannot be reused).
         self._by_id: dict[int, tuple[GraphShape, CostEntry]] = {}
+        # Bumped whenever an estimate changes: what is derived from the estimates alone (the
+        # phase normalizers, the measured decode costs) is cached against it. Estimates do not
+        # depend on time (staleness is a separate state), so nothing else invalidates them.
+        self.version = 0
 
     def _get(self, shape: GraphShape) -> CostEntry | None:
         hit = self._by_id.get(id(shape))
@@ -94,7 +98,10 @@ class CostTable:
             # First observation, or first after staleness, replaces the estimate directly.
             e.samples.clear()
         e.samples.append(int(sample_ns))
-        e.estimate_ns = max(1, int(round(median(e.samples))))
+        estimate = max(1, int(round(median(e.samples))))
+        if estimate != e.estimate_ns:
+            e.estimate_ns = estimate
+            self.version += 1
         e.last_valid_ns = now_ns
         return True
 

@@ -18,6 +18,10 @@ from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, l
 from helios.scheduler.utility import reference_interval_ms, shared_log_scale
 
 
+_NO_ROWS = np.zeros(0, dtype=np.int64)
+_NO_ROWS.setflags(write=False)
+
+
 @dataclass(slots=True)
 class PlanningView:
     log_scale: float
@@ -74,33 +78,47 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
-    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price)
     phase = t.phase[rows]
     handles = t.handle[rows]
     queued_prompt = t.queued_prompt[rows]
     cursor = t.prompt_done[rows] + queued_prompt
     produced = t.output_done[rows] + t.queued_output[rows]
     active = phase == DECODE
+    act = active.nonzero()[0]
     # Decoders with output and context left; prompts with unqueued tokens and nothing queued.
     dec = (active & (produced < t.max_output[rows]) & (cursor + produced < max_context)).nonzero()[0]
-    pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
-    if len(dec) > max_lanes:  # the 64-slot bound: keep the highest-priced streams
+    if len(act) == len(rows):  # everyone decodes (the steady state): no prompt to consider
+        pre = _NO_ROWS
+    else:
+        pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
+    # Prompt prices are elementwise: computed only when some prompt can be served.
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, prefill=len(pre) > 0)
+    truncated = len(dec) > max_lanes
+    if truncated:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
     if len(pre) > max_lanes:
         pre = pre[np.lexsort((handles[pre], -lp[pre], t.slot[rows[pre]] == NO_SLOT))][:max_lanes]
 
-    lo_dec, ld_dec = lo[dec], ld[dec]
-    act = active.nonzero()[0]
-    scale = shared_log_scale(lo_dec, ld_dec, lp[pre], lo[pre], lo[act], ld[act])
+    # Indexing by every row, or by the same rows twice, is skipped (the steady state: every
+    # request decodes): the values are the same, only copies are saved. dec is a sorted subset
+    # of act unless truncated, so with equal lengths they are the same rows.
+    everyone = len(act) == len(rows)
+    same = not truncated and len(dec) == len(act)
+    lo_act, ld_act = (lo, ld) if everyone else (lo[act], ld[act])
+    lo_dec, ld_dec = (lo_act, ld_act) if same else (lo[dec], ld[dec])
+    # Every decode lane is active (dec is a subset of act), so the decode pool's prices cannot
+    # raise the maximum over the active ones: the same scale with fewer arrays.
+    scale = shared_log_scale(lp[pre], lo[pre], lo_act, ld_act) if len(pre) else shared_log_scale(lo_act, ld_act)
     if math.isfinite(scale_floor) and scale_floor > scale:
         scale = scale_floor
     s = math.exp(-scale)
     c = policy.decode_age_price
-    n_active = int(np.count_nonzero(active))
+    n_active = len(act)
     sigma = reference_interval_ms(decode_costs, n_active, n_active)
     c_sigma = c * sigma * s if sigma is not None else 0.0
 
-    drows = rows[dec]
+    whole = everyone and same  # the decode pool is every row, in table order
+    drows = rows if whole else rows[dec]
     # A queued expected delivery restarts the projected age at its expected time.
     ref, known = t.last_publication_ns[drows], t.has_publication[drows]
     if len(queue):
@@ -110,24 +128,28 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     # The scale is the largest of these logs, so no exponent overflows.
     output_value = np.exp(lo_dec - scale)
     base = output_value + np.exp(ld_dec - scale) + c_sigma * ages
-    decode = LanePool(handles[dec], t.last_served_seq[drows], t.slot[drows], base, age_slope=c_sigma)
+    decode = LanePool(handles if whole else handles[dec], t.last_served_seq[drows], t.slot[drows], base,
+                      age_slope=c_sigma)
     stall_total = 0.0
     if policy.stall_pricing and len(act):
         # What a stall of T does to a decoder's own prices: its fairness and delivery prices
         # grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's price follows.
         # Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
         # charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
-        growing = np.exp(lf[act] - scale) + np.exp(ld[act] - scale)
-        stall_total = float(growing.sum())
-        where = np.full(t.capacity, -1, dtype=np.int64)
-        where[rows[act]] = np.arange(len(act))
-        decode.stall = growing[where[drows]]
+        growing = np.exp((lf if everyone else lf[act]) - scale) + np.exp(ld_act - scale)
+        stall_total = float(np.add.reduce(growing))  # growing.sum(), without its wrapper
+        if same:
+            decode.stall = growing  # the decode pool is every active row, in the same order
+        else:
+            where = np.full(t.capacity, -1, dtype=np.int64)
+            where[rows[act]] = np.arange(len(act))
+            decode.stall = growing[where[drows]]
     decode.stall_total, decode.tau_ms = stall_total, policy.adaptation_ms
     if speculation is not None:
         _add_speculation(decode, t, drows, output_value, speculation, policy, max_context)
 
     prefill: dict[GraphKind, tuple[LanePool, np.ndarray]] = {}
-    for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
+    for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL) if len(pre) else ():
         idx = pre[t.score_prompt[rows[pre]] == (kind is GraphKind.SCORED_PREFILL)]
         if not len(idx):
             continue

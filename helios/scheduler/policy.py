@@ -87,29 +87,48 @@ class Budget:
     free_pages: int
 
 
+# ndarray.sum() of a 1-D array is this reduction behind a Python wrapper: the same sum, cheaper.
+_sum = np.add.reduce
+
+# id(shape) -> (shape, is_prefill, token_capacity, target_capacity, negated capacities): what the
+# tie-break reads from a shape, computed once per shape object instead of per candidate (the
+# shape is kept alive by the entry, so its id is never reused while cached).
+_SHAPE_KEYS: dict[int, tuple] = {}
+
+
+def _shape_key(shape: GraphShape) -> tuple:
+    hit = _SHAPE_KEYS.get(id(shape))
+    if hit is None or hit[0] is not shape:
+        if len(_SHAPE_KEYS) >= 4096:
+            _SHAPE_KEYS.clear()
+        hit = _SHAPE_KEYS[id(shape)] = (shape, shape.kind.is_prefill, shape.token_capacity,
+                                        shape.target_capacity, tuple(map(neg, shape.capacities())))
+    return hit
+
+
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
     """`lru`: the members' most recent service, when the caller already knows it."""
     n = len(c.members)
+    _, is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
     if c.t_ms is None:
         # Optimistic work score: an unknown duration ranks by expected useful value alone.
         c.score = c.value
     else:
         c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
         if pool.stall_total > 0.0:
-            served = float(pool.stall[c.members].sum()) if pool.stall is not None and n else 0.0
+            served = float(_sum(pool.stall[c.members])) if pool.stall is not None and n else 0.0
             c.score -= stall_cost(pool.stall_total - served, c.t_ms, pool.tau_ms)
     c.lru = lru if lru is not None else max(pool.lru[c.members].tolist()) if n else 0
-    if c.shape.kind.is_prefill:
+    if is_prefill:
         used = sum(c.works.tolist())  # int sums on lists: cheaper than a numpy reduction here
     elif c.rows is not None:
         used = sum(c.rows.tolist())
     else:
-        used = n * c.shape.token_capacity
-    c.padding = c.shape.target_capacity - used
+        used = n * token_capacity
+    c.padding = target_capacity - used
     # Unknown first; then value (rate); then shorter known time, more requests served,
     # less recently used requests, smaller padding; finally a stable shape order.
-    c.key = (c.t_ms is None, c.score, -(c.t_ms or 0.0), n, -c.lru, -c.padding,
-             tuple(map(neg, c.shape.capacities())))
+    c.key = (c.t_ms is None, c.score, -(c.t_ms or 0.0), n, -c.lru, -c.padding, order_key)
     return c
 
 
@@ -139,7 +158,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
         if stalled and m < n and t_ms is not None:
             own = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru, pool.slots)
             members = own[:m]
-            value, lru = float(pool.base[members].sum()), int(pool.lru[members].max())
+            value, lru = float(_sum(pool.base[members])), max(pool.lru[members].tolist())
         c = Candidate(shape, members, works[:m], value, pool.age_slope * m, t_ms, state)
         out.append(finish_candidate(c, pool, waiting, lru))
     return out

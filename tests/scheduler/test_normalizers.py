@@ -160,3 +160,25 @@ def test_the_off_by_default_stall_bound_drops_long_chunks_near_an_old_decoder():
     served, chunks, gap = _long_prompt_among_decoders(PolicyConfig(stall_bound_ms=60.0, stall_pricing=False))
     # age + T + the fastest (10-ms) decode step <= 60 ms: no 80-ms chunk while a decoder waits.
     assert served and 1024 not in chunks and gap < 80.0
+
+
+def test_cached_reference_rates_follow_every_estimate_change_and_only_those():
+    """The normalizers and decode costs are cached against the cost table's version: a new
+    estimate must show at once, an observation that leaves the median unchanged must not
+    bump the version, and the cached value always equals a fresh computation."""
+    s = make(TABLE)
+    before = s._normalizers()
+    assert before.log_decode == pytest.approx(math.log(R_DECODE))
+    version = s.costs.version
+    s.costs.observe(decode(1), int(10.0 * MS), 0)  # the same sample: median unchanged
+    assert s.costs.version == version and s._normalizers() is before
+    s.costs.observe(decode(1), int(4.0 * MS), 0)  # median of (10, 10, 4) stays 10
+    assert s.costs.version == version
+    s.costs.observe(decode(1), int(4.0 * MS), 0)  # median of (10, 10, 4, 4) is 7 ms: a faster decode
+    assert s.costs.version > version
+    assert s._normalizers().log_decode == pytest.approx(math.log(1 / 7.0))
+    assert (1, 7.0) in s._decode_costs()
+    fresh = reference_normalizers(
+        [(sh.token_capacity, s.costs.estimate_ns(sh) / 1e6) for sh in s.shapes.prefill],
+        [(sh.batch_capacity, s.costs.estimate_ns(sh) / 1e6) for sh in s.shapes.delivery])
+    assert s._normalizers() == fresh
