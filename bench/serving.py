@@ -182,7 +182,12 @@ async def main() -> None:
                     help="keep every core busy with a CPU burner while flare starts and warms up; the "
                          "burners stop before anything is measured")
     ap.add_argument("--peer-url", help="an OpenAI-compatible base URL (…/v1) to run the identical load against")
+    ap.add_argument("--loads", default="1,4,16,mixed",
+                    help="which loads to run, comma-separated from 1, 4, 16, mixed (e.g. '1,16' to repeat the bar's ratio)")
     args = ap.parse_args()
+    picked = set(args.loads.split(","))
+    if not picked or not picked <= {"1", "4", "16", "mixed"}:
+        ap.error(f"--loads: pick from 1, 4, 16, mixed; got {args.loads!r}")
 
     proc = None
     url = args.flare_url
@@ -201,7 +206,8 @@ async def main() -> None:
             servers["peer"] = (args.peer_url, await model_id(args.peer_url))
         print(f"load average at start: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})", flush=True)
         results: dict[str, dict[str, Result]] = {}
-        for name, prompts in loads(args.rounds).items():
+        chosen = {name: p for name, p in loads(args.rounds).items() if name.split()[0] in picked}
+        for name, prompts in chosen.items():
             results[name] = {}
             for server, (u, model) in servers.items():  # alternate servers load by load
                 before = await graph_walls(u) if server == "flare" else None
@@ -210,7 +216,7 @@ async def main() -> None:
                 if before is not None:
                     print(f"    graphs: {graph_mix(before, await graph_walls(u) or {})}", flush=True)
         print(f"load average at end: {os.getloadavg()[0]:.2f}\n")
-        for server in servers:
+        for server in servers if {"1 stream", "16 streams"} <= set(results) else ():
             one_s, sixteen = results["1 stream"][server], results["16 streams"][server]
             print(f"{server}: 16 streams / 1 stream aggregate tok/s = {sixteen.tok_s / one_s.tok_s:.2f}x (bar: >= 4x)")
         if args.peer_url:

@@ -21,11 +21,14 @@ from typing import Sequence
 
 import torch
 
+from helios.engine.model.llama import KV_WINDOW_QUANTUM
 from helios.graphs import GraphKind, GraphShape
 
 log = logging.getLogger(__name__)
 
 PAD_TOKEN = 0
+# An eager forward rounds its trimmed query length up to a multiple of this (see PreparedGraph.active).
+QUERY_QUANTUM = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +93,8 @@ class PreparedGraph:
         self.cuda_graph: torch.cuda.CUDAGraph | None = None
         self._graph_output: torch.Tensor | None = None
         self._kv_window: int | None = None
+        # The last pack's active rows, trimmed query length, and the full grid's top position + 1.
+        self._used = (B, L, L)
 
     def pack(self, rows: Sequence[RowWork]) -> Packing:
         """Fill the static inputs for `rows` (lane order); the rest of the batch is padding."""
@@ -119,16 +124,45 @@ class PreparedGraph:
         for n in lengths:
             offsets.append(offsets[-1] + n)
         mask = tuple(b < len(rows) and rows[b].sample for b in range(B))
+        n = min(L, -(-max(lengths, default=1) // QUERY_QUANTUM) * QUERY_QUANTUM)
+        self._used = (max(1, len(rows)), n, max((row.start + L for row in rows), default=L))
         return Packing(tuple(lengths), tuple(offsets), tuple(h["slots"].tolist()), mask)
 
     def forward(self, model, cache) -> torch.Tensor:
-        """Logits for the packed inputs: [B, 1, V] for prefill (at logits_at), else [B, L, V]."""
+        """Logits for the packed inputs: [R, 1, V] for prefill (at logits_at), else [R, n, V]. A captured
+        graph runs its whole shape (R = B, n = L); an eager one only the rows and positions that
+        hold work (see `active`)."""
         if self.cuda_graph is not None:
             self.cuda_graph.replay()
             return self._graph_output
         b = self.buffers
-        return model(b["tokens"], b["positions"], b["slots"], cache, kv_window=self._kv_window,
-                     logits_at=b["logits_at"] if self.logits_at_used else None)
+        rows, n = self.active
+        # The key window the full grid would attend over (its padded tail included): the same
+        # attention shapes, so the same bits, as an untrimmed forward.
+        window = self._kv_window or min(-(-self._used[2] // KV_WINDOW_QUANTUM) * KV_WINDOW_QUANTUM,
+                                        cache.max_context)
+        return model(b["tokens"][:rows, :n], b["positions"][:rows, :n], b["slots"][:rows], cache,
+                     kv_window=window, logits_at=b["logits_at"][:rows] if self.logits_at_used else None)
+
+    @property
+    def active(self) -> tuple[int, int]:
+        """(rows, query positions) an eager forward runs: the active rows, and their longest query
+        rounded up to a multiple of QUERY_QUANTUM (at most L).
+
+        Why: on the CPU nothing needs the static shape, and padding costs as much as real work.
+        The last chunk of a short chat prompt (often a few tokens after a checkpoint restore)
+        filled a 64-token prefill row with up to 63 padding tokens, and padding rows ran whole
+        rows of the model. Trimming them changes no output: rows and positions are computed on
+        their own (queries attend only to positions <= their own, padding writes only the
+        scratch slot or positions past a row's real tokens), the fp32 linear layers give a row
+        the same bits at any row count, and the key window stays the full grid's. The rounding
+        keeps SDPA's CPU kernel off query blocks of 1-3 folded rows, whose bits differed from
+        the full grid's (tests/engine/test_torch_core_packing.py checks every length of a
+        64-token chunk). A captured CUDA graph keeps the full shape: it replays what it captured.
+        """
+        if self.cuda_graph is not None:
+            return self.batch, self.length
+        return self._used[0], self._used[1]
 
     def capture(self, model, cache) -> bool:
         """Capture this shape's forward as a CUDA graph over the static buffers, attending over

@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from helios.config import PolicyConfig
 from helios.engine.torch_core import PlanMismatch, TorchCore
+from helios.engine.torch_graphs import RowWork
 from helios.runtime.driver import SyncDriver
 from helios.errors import InvalidRequest
 from helios.graphs import GraphKind, GraphShape
@@ -80,6 +82,31 @@ def test_batched_under_padding_matches_alone(loaded):
     assert together == alone
     padded = [p for p in d.history if p.shape.batch_capacity > len(p.lanes) and len(p.lanes) > 1]
     assert padded, [p.shape.label() for p in d.history]  # e.g. three lanes in a B=4 graph
+
+
+def test_trimmed_prefill_gives_the_full_grids_bits(loaded):
+    """An eager prefill runs only its active rows and positions (PreparedGraph.active); each row's
+    sampled logits must equal, bit for bit, the full 64-position grid's at that position. The
+    lengths are the ones whose bits differed before the query length was rounded up to 8 (SDPA's
+    CPU kernel then met query blocks of 1-3 folded rows), and the edges."""
+    core = make_core(loaded, max_batch=4, prefill_chunks=(64, 256))
+    graph = core.graphs[GraphShape(GraphKind.PREFILL, 4, 64)]
+    gen = torch.Generator().manual_seed(0)
+    start, slot = 100, 0
+    tokens = torch.randint(1, core.config.vocab_size, (1, 64), generator=gen)
+    positions = torch.arange(start, start + 64)[None]
+    differ, shapes = [], []
+    with torch.inference_mode():  # the full grid, every position's logits
+        full = core.model(tokens, positions, torch.tensor([slot]), core.cache, kv_window=192)[0]
+        for n in (1, 2, 3, 11, 22, 33, 43, 54, 63, 64):
+            # The row under test, and a short second row (another slot) that the grid trims to.
+            graph.pack([RowWork(slot, tuple(tokens[0, :n].tolist()), start, True), RowWork(1, (5, 6), 0, True)])
+            logits = graph.forward(core.model, core.cache)
+            if not torch.equal(logits[0, -1], full[n - 1]):
+                differ.append(n)
+            shapes.append((logits.shape[0], graph.active))
+    assert differ == []
+    assert shapes == [(2, (2, min(64, -(-n // 8) * 8))) for n in (1, 2, 3, 11, 22, 33, 43, 54, 63, 64)]
 
 
 def test_queued_second_decode_frame_uses_core_resident_pending_token(loaded):

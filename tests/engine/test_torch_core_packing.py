@@ -116,3 +116,17 @@ def test_graph_buffers_are_static():
     g.pack([RowWork(1, tuple(range(64)), 0, False)] * 4)
     assert {k: v.data_ptr() for k, v in g.buffers.items()} == ptrs
     assert g.buffers["tokens"].shape == (4, 64) and g.buffers["tokens"].dtype == torch.long
+
+
+def test_eager_forward_runs_only_active_rows_and_their_longest_query():
+    g = PreparedGraph(PREFILL, SCRATCH)
+    assert g.active == (4, 64)  # nothing packed yet: the whole grid
+    g.pack([RowWork(3, (1, 2, 3), 40, True), RowWork(0, tuple(range(9)), 0, False)])
+    assert g.active == (2, 16)  # two rows; 9 queries rounded up to the quantum (8)
+    g.pack([RowWork(1, tuple(range(60)), 0, True)])
+    assert g.active == (1, 64)  # rounding never passes the graph's length
+    g.pack([RowWork(s, tuple(range(64)), 0, False) for s in range(4)])
+    assert g.active == (4, 64)  # a full grid runs whole (the warm-up times these)
+    d = PreparedGraph(DECODE, SCRATCH)
+    d.pack([RowWork(2, (77,), 12, True)])
+    assert d.active == (1, 1)
