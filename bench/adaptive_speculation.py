@@ -30,6 +30,8 @@ Run: .venv/bin/python bench/adaptive_speculation.py [--quick | --levels 1,4 --se
 import argparse
 from dataclasses import replace
 
+import numpy as np
+
 from helios.config import SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
@@ -100,8 +102,7 @@ def calibrated_prior(seed, policy="balanced", requests=16, steps=200):
     depth; adaptive selection alone never offers a depth its cold prior (0.5^d) prices below cost."""
     sim = _simulation(requests, [8], SpeculationMode.FIXED, seed, 1 << 20, policy, acceptance_seed=seed + 1000,
                       max_steps=steps)
-    s = sim.scheduler
-    return s.speculation.acceptance_prior[s.source].means.copy()
+    return np.asarray(sim.scheduler.snapshot().acceptance_prior)
 
 
 def _row(c, policy, seeds, priors, measure):

@@ -426,7 +426,8 @@ class Scheduler:
             {sh: est for sh in self.catalog if (est := self.costs.estimate_ns(sh)) is not None},
             {"programs": s.speculative_programs, "offered": s.speculative_offered,
              "accepted": s.speculative_accepted, "emitted": s.speculative_emitted,
-             "learned_draws": s.speculative_learned_draws})
+             "learned_draws": s.speculative_learned_draws},
+            tuple(self.speculation.acceptance_prior[self.source].means.tolist()))
 
     def seed_costs(self, samples, now_ns: int) -> None:
         self.advance_to(now_ns)

@@ -29,6 +29,8 @@ class SchedulerSnapshot:
     by_shape: Mapping[GraphShape, int]  # completed executions per prepared graph
     estimates_ns: Mapping[GraphShape, int]  # current duration estimate of each measured graph
     speculative: Mapping[str, int]  # flare_speculative_* counters
+    # The loaded proposal source's population acceptance prior: mean prefix survival by depth.
+    acceptance_prior: tuple[float, ...] = ()
 
     @property
     def live(self) -> int:
@@ -63,6 +65,9 @@ class SchedulerProtocol(Protocol):
         """A consistent read-only copy of counters, resources and estimates."""
     def seed_costs(self, samples: Mapping[GraphShape, Iterable[int]], now_ns: int) -> None:
         """Feed warm-up device observations (ns) to the cost table, as completions would."""
+    def seed_acceptance(self, survival) -> None:
+        """Preseed the population acceptance prior (prefix survival by depth): the spec's
+        preseeded acceptance history, e.g. one calibrated on earlier traffic."""
     def restores_checkpoints(self) -> bool:
         """True when admission may carry `cached_tokens` that the scheduler restores through a
         RESTORE graph before prefilling the rest (and terminal captures feed the store)."""

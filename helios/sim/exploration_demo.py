@@ -86,11 +86,12 @@ def acceptance(funded: bool = True, seed: int = 1, concurrency: int = 4, switch_
     # No KV term: a duration that grows with context would let width one's fresh estimate overtake
     # the wider programs' estimates from 64-token contexts (see the module docstring).
     model = replace(SyntheticCostModel.realistic_small(), c_kv=0)
-    s = Scheduler(cat, PolicyConfig(), SchedulerConfig(speculation=SpeculationMode.ADAPTIVE, funded_exploration=funded))
+    config = SchedulerConfig(speculation=SpeculationMode.ADAPTIVE, funded_exploration=funded)
+    s = Scheduler(cat, PolicyConfig(), config)
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
     # A population prior preseeded at zero (learned on traffic whose drafts never survived): every
     # wider round is worth exactly width one's value, so only a probe's observation can change that.
-    s.seed_acceptance([0.0] * s.config.draft_capacity)
+    s.seed_acceptance([0.0] * config.draft_capacity)
     phased = PhasedAcceptance(AcceptanceModel([0.0] * 8, spread=0.0), AcceptanceModel([0.9] * 8, spread=0.0),
                               switch_rounds)
     core = SimCore(cat, model, seed=seed, noise=0.02, acceptance=phased)
