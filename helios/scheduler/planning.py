@@ -92,7 +92,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     else:
         pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
     # Prompt prices are elementwise: computed only when some prompt can be served.
-    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, prefill=len(pre) > 0)
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, with_prompt=len(pre) > 0)
     truncated = len(dec) > max_lanes
     if truncated:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]

@@ -112,7 +112,7 @@ def reference_normalizers(prefill_costs, decode_costs) -> Normalizers:
 
 
 def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm: Normalizers = PHYSICAL,
-               gradient_prompt: bool = False, prefill: bool = True):
+               gradient_prompt: bool = False, with_prompt: bool = True):
     """Vectorized log prices: prefill token, output token, delivery, and the fairness part f/x
     (what grows while a request waits).
 
@@ -123,11 +123,10 @@ def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm:
     delivery price.
     """
     fair = k.log_f - log_x  # log(f/x); rates are finite, so no inf - inf
-    if prefill:  # (without `prefill`, the prompt price is None: the caller serves no prompt)
+    prefill = None  # without `with_prompt` the caller serves no prompt and skips its price
+    if with_prompt:
         prompt_fair = fair + (norm.log_decode - norm.log_prefill) if gradient_prompt else fair
         prefill = np.logaddexp(0.0, prompt_fair)  # log(1 + f/x)
-    else:
-        prefill = None
     output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
     delivery[np.isnan(log_z)] = NEG_INF
