@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from helios.config import SchedulerConfig, SpeculationMode, preset
+from helios.config import AcceptanceEstimate, SchedulerConfig, SpeculationMode, preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
@@ -61,10 +61,10 @@ def catalog(widths, max_batch):
 
 
 def _simulation(concurrency, widths, mode, seed, output, policy, prior=None, acceptance_seed=None, max_steps=None,
-                until_ns=None):
+                until_ns=None, estimate=AcceptanceEstimate.CONDITIONAL):
     cat = catalog(widths, 64)
     model = SyntheticCostModel.realistic_small()
-    config = SchedulerConfig(kv_pages=1 << 16, speculation=mode)
+    config = SchedulerConfig(kv_pages=1 << 16, speculation=mode, acceptance_estimate=estimate)
     s = Scheduler(cat, replace(preset(policy), estimate_ttl_ns=TTL_NS), config)
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
     if prior is not None:
@@ -77,17 +77,20 @@ def _simulation(concurrency, widths, mode, seed, output, policy, prior=None, acc
     return sim
 
 
-def run(concurrency, widths, mode, seed, output=256, policy="balanced", prior=None):
-    sim = _simulation(concurrency, widths, mode, seed, output, policy, prior)
+def run(concurrency, widths, mode, seed, output=256, policy="balanced", prior=None,
+        estimate=AcceptanceEstimate.CONDITIONAL):
+    sim = _simulation(concurrency, widths, mode, seed, output, policy, prior, estimate=estimate)
     tokens = sum(log.output_tokens for log in sim.logs.values())
     return tokens / (sim.now_ns / 1e9)
 
 
-def steady(concurrency, widths, mode, seed, policy="balanced", prior=None, window_ns=STEADY_NS):
+def steady(concurrency, widths, mode, seed, policy="balanced", prior=None, window_ns=STEADY_NS,
+           estimate=AcceptanceEstimate.CONDITIONAL):
     """Tokens/s with all `concurrency` requests in flight for the whole window (none finishes):
     the rate a server holding that many streams sees, without the closed batch's tail, in which the
     slowest requests run alone after the others have finished and set the makespan."""
-    sim = _simulation(concurrency, widths, mode, seed, 1 << 20, policy, prior, until_ns=window_ns)
+    sim = _simulation(concurrency, widths, mode, seed, 1 << 20, policy, prior, until_ns=window_ns,
+                      estimate=estimate)
     tokens = sum(n for log in sim.logs.values() for t, n in log.publications if t <= window_ns)
     return tokens / (window_ns / 1e9)
 
@@ -106,16 +109,18 @@ def calibrated_prior(seed, policy="balanced", requests=16, steps=200):
 
 
 def _row(c, policy, seeds, priors, measure):
-    def mean(widths, mode, prior=False):
-        return sum(measure(c, widths, mode, sd, policy=policy, prior=priors[sd] if prior else None)
-                   for sd in seeds) / len(seeds)
+    def mean(widths, mode, prior=False, estimate=AcceptanceEstimate.CONDITIONAL):
+        return sum(measure(c, widths, mode, sd, policy=policy, prior=priors[sd] if prior else None,
+                           estimate=estimate) for sd in seeds) / len(seeds)
     fixed = [mean([k + 1], SpeculationMode.FIXED) for k in range(8)]
     adaptive = mean(range(1, 9), SpeculationMode.ADAPTIVE)
+    spec = mean(range(1, 9), SpeculationMode.ADAPTIVE, estimate=AcceptanceEstimate.SPEC)
     preseeded = mean(range(1, 9), SpeculationMode.ADAPTIVE, prior=True)
     best = max(fixed)
     cells = "  ".join(f"{f / best:6.3f}" for f in fixed)
-    print(f"{c:>4}  {cells}  {adaptive / best:8.3f}  {preseeded / best:9.3f}   best fixed K={fixed.index(best)} "
-          f"at {best:,.0f} tok/s; adaptive {adaptive:,.0f}, preseeded {preseeded:,.0f} tok/s", flush=True)
+    print(f"{c:>4}  {cells}  {adaptive / best:8.3f}  {spec / best:6.3f}  {preseeded / best:9.3f}   best fixed "
+          f"K={fixed.index(best)} at {best:,.0f} tok/s; adaptive {adaptive:,.0f}, spec {spec:,.0f}, "
+          f"preseeded {preseeded:,.0f} tok/s", flush=True)
 
 
 def _arguments(argv=None):
@@ -140,7 +145,7 @@ def main(argv=None):
         priors = {sd: calibrated_prior(sd, policy) for sd in seeds}
         print(f"\npolicy {policy}")
         print(f"{'conc':>4}  " + "  ".join(f"K={k:<4}" for k in range(8))
-              + "  adaptive  preseeded  (ratio to best fixed K)")
+              + "  adaptive  spec    preseeded  (ratio to best fixed K)")
         for c in args.levels:
             _row(c, policy, seeds, priors, run)
         if args.steady:

@@ -17,6 +17,21 @@ class SpeculationMode(Enum):
     ADAPTIVE = "adaptive"  # every width competes; device confidence allocation for D > 0
 
 
+class AcceptanceEstimate(Enum):
+    """How a request's prefix survival s_d is read from its observations (docs/speculation.md).
+
+    SPEC: the spec's per-depth means, each starting at the population prior (0.5^d untrained)
+    with weight two; unobserved suffixes keep the prior's means.
+    CONDITIONAL (a spec deviation, the default): the product of per-position conditional
+    acceptances, each a weighted mean of that position's own evidence and a starting value that
+    follows the request's measured per-position rate (pooled over the positions it reached), so a
+    request that accepts at rate q at the depths it has shown assumes about q per deeper position.
+    """
+
+    SPEC = "spec"
+    CONDITIONAL = "conditional"
+
+
 class SchedulerPolicy(Enum):
     """The spec's presets for `--scheduler-policy`."""
 
@@ -131,6 +146,9 @@ class SchedulerConfig:
     # copies fit this share of a request's estimated uncached prefill work, and productive
     # decode earns the same share of its measured time for a terminal capture.
     checkpoint_extra_work_fraction: float = 0.05
+    # How acceptance estimates read their observations; CONDITIONAL departs from the spec's
+    # untrained 0.5^d and "unobserved suffixes retain their means" (docs/speculation.md).
+    acceptance_estimate: AcceptanceEstimate = AcceptanceEstimate.CONDITIONAL
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculation, SpeculationMode):
@@ -138,11 +156,18 @@ class SchedulerConfig:
                 object.__setattr__(self, "speculation", SpeculationMode(self.speculation))
             except ValueError:
                 raise ConfigError("speculation", f"choose off, fixed or adaptive, got {self.speculation!r}") from None
+        if not isinstance(self.acceptance_estimate, AcceptanceEstimate):
+            try:
+                object.__setattr__(self, "acceptance_estimate", AcceptanceEstimate(self.acceptance_estimate))
+            except ValueError:
+                raise ConfigError("acceptance_estimate",
+                                  f"choose spec or conditional, got {self.acceptance_estimate!r}") from None
         for name in ("copy_proposals", "funded_exploration"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, "must be a bool")
         for f in fields(self):
-            if f.name in ("speculation", "copy_proposals", "funded_exploration", "checkpoint_extra_work_fraction"):
+            if f.name in ("speculation", "copy_proposals", "funded_exploration", "checkpoint_extra_work_fraction",
+                          "acceptance_estimate"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

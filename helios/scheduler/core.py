@@ -80,7 +80,7 @@ class Scheduler:
         if self.shapes.max_verification_width - 1 > self.config.draft_capacity or any(
                 sh.proposal_depth > self.config.draft_capacity for sh in self.shapes.speculative + self.shapes.mixed):
             raise InvalidRequest("a speculative or mixed program's depth exceeds draft_capacity")
-        self.speculation = SpeculationModel(self.config.draft_capacity)
+        self.speculation = SpeculationModel(self.config.draft_capacity, self.config.acceptance_estimate)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
         self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
                                      self.config.checkpoint_extra_work_fraction)

@@ -82,7 +82,7 @@ def acceptance_probe(sched, view, costs, winner: Candidate, device: bool) -> Can
     t, rows = sched.requests, view.decode_rows
     cols = t.speculation.acceptance[sched.source]
     generated = t.output_done[rows]
-    optimistic = cols.optimistic_rows(rows, sched.speculation.acceptance_prior[sched.source], generated)
+    optimistic = sched.speculation.optimistic(t.speculation, rows, sched.source, generated)
     weights = cols.aged_weights(rows, generated)
     return probe_choice(sched.shapes.speculative, costs, pool, view.waiting, device, winner, optimistic,
                         weights, sched.policy.adaptive_verification_alpha)

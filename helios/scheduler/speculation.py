@@ -5,6 +5,17 @@ the first d proposals all survive verification) and a confidence forecast (the a
 completed joint-prefix probabilities). Both start from a population prior, begin with weight 2,
 cap their weight at 128, and age with a half-life of 128 generated tokens. Unobserved suffixes
 keep their means.
+
+Spec deviation (AcceptanceEstimate.CONDITIONAL, the default; docs/speculation.md): the acceptance
+survival a request is scheduled with is instead the product of per-position conditional
+acceptances c_d = P(position d survives | position d-1 survived). Each c_d is the weighted mean of
+its own evidence (survived / reached, aged and capped like the means) and a starting value worth
+START_WEIGHT observations: the request's pooled per-position rate (whose own prior is the
+population curve's pooled rate). With nothing observed this is the population prior itself (0.5^d untrained);
+once a request has shown rate q at depths 1-3, depths 4-7 start at q per position instead of
+at 0.5^d, and a rejection at depth 1 no longer counts as evidence against depth 5's conditional.
+The spec's per-depth means and weights are still kept: the weights give the optimistic bound's
+confidence, and AcceptanceEstimate.SPEC schedules with the means.
 """
 
 from __future__ import annotations
@@ -13,6 +24,8 @@ import math
 from enum import Enum
 
 import numpy as np
+
+from helios.config import AcceptanceEstimate
 
 START_WEIGHT = 2.0
 WEIGHT_CAP = 128.0
@@ -40,21 +53,42 @@ class PopulationPrior:
         self.means[: len(s)] = s
 
 
+def conditional_survival(hits: np.ndarray, tries: np.ndarray, prior: np.ndarray) -> np.ndarray:
+    """Prefix survival [n, depth] as the product of per-position conditionals (the
+    CONDITIONAL estimate). hits[:, d] and tries[:, d] are the (aged) evidence that position d
+    survived and that it was reached; `prior` is the population prefix survival [depth].
+
+    Every position starts, with START_WEIGHT, at the row's pooled per-position rate
+    q = (sum hits + 2 q_pop) / (sum tries + 2), where q_pop = sum p_d / sum p_(d-1) is the
+    population curve's own pooled rate (0.5 for the untrained 0.5^d): a request that accepts at q
+    where it has been seen assumes q per position where it has not. The population curve's shape
+    is not used: its unreached depths keep their starting means (the spec's rule), so a partly
+    trained curve (0.85, 0.72, 0.61, then 0.0625) would make depth 4 look like a cliff."""
+    prev = np.concatenate(([1.0], prior[:-1]))
+    q_pop = float(np.clip(prior, 0.0, 1.0).sum() / np.clip(prev, 0.0, 1.0).sum())  # prev[0] = 1: positive
+    q = (hits.sum(axis=1) + START_WEIGHT * q_pop) / (tries.sum(axis=1) + START_WEIGHT)
+    cond = (hits + START_WEIGHT * q[:, None]) / (tries + START_WEIGHT)
+    return np.cumprod(np.clip(cond, 0.0, 1.0), axis=1)
+
+
 class PrefixColumns:
     """Prefix estimates of many requests as [rows, depth] matrices (0-based draft positions):
     means, weights, the generated count at the last update, and whether a row has its own
-    estimate yet (until then the population prior stands in for it)."""
+    estimate yet (until then the population prior stands in for it). Alongside the means, the
+    conditional evidence: hits (position d survived) and tries (position d was reached)."""
 
     def __init__(self, depth: int, capacity: int = 0):
         self.depth = depth
         self.means = np.zeros((capacity, depth))
         self.weights = np.zeros((capacity, depth))
+        self.hits = np.zeros((capacity, depth))
+        self.tries = np.zeros((capacity, depth))
         self.generated = np.zeros(capacity, dtype=np.int64)
         self.has = np.zeros(capacity, dtype=bool)
 
     def grow(self, capacity: int) -> None:
         old = len(self.has)
-        for name in ("means", "weights", "generated", "has"):
+        for name in ("means", "weights", "hits", "tries", "generated", "has"):
             col = getattr(self, name)
             new = np.zeros((capacity,) + col.shape[1:], dtype=col.dtype)
             new[:old] = col
@@ -63,6 +97,8 @@ class PrefixColumns:
     def start(self, row: int, prior: PopulationPrior, generated: int) -> None:
         self.means[row] = prior.means
         self.weights[row] = START_WEIGHT
+        self.hits[row] = 0.0
+        self.tries[row] = 0.0
         self.generated[row] = generated
         self.has[row] = True
 
@@ -70,18 +106,42 @@ class PrefixColumns:
         """Each row's means, or the prior's for rows without an estimate: [len(rows), depth]."""
         return np.where(self.has[rows, None], self.means[rows], prior.means)
 
+    def conditional(self, rows: np.ndarray, prior: PopulationPrior) -> np.ndarray:
+        """Each row's `conditional_survival`, or the prior's for rows without an estimate (a row
+        starts with its first observation, so a started row always has evidence)."""
+        own = conditional_survival(self.hits[rows], self.tries[rows], prior.means)
+        return np.where(self.has[rows, None], own, prior.means)
+
     def age(self, row: int, generated: int) -> None:
         # Weights halve every 128 generated tokens, so old behaviour fades.
         elapsed = generated - int(self.generated[row])
         if elapsed > 0:
-            self.weights[row] *= 0.5 ** (elapsed / HALF_LIFE_TOKENS)
+            decay = 0.5 ** (elapsed / HALF_LIFE_TOKENS)
+            self.weights[row] *= decay
+            self.hits[row] *= decay
+            self.tries[row] *= decay
             self.generated[row] = generated
 
     def observe(self, row: int, depths: np.ndarray, values: np.ndarray) -> None:
-        """depths are 0-based positions (d-1); values in [0, 1]."""
+        """depths are 0-based positions (d-1), a prefix 0..n-1 of the draft; values in [0, 1]."""
+        n = len(depths)
+        if n and (depths[0] != 0 or depths[-1] != n - 1):
+            raise ValueError("an observation covers a prefix of draft positions")
         w = self.weights[row, depths]
         self.means[row, depths] = (w * self.means[row, depths] + values) / (w + 1.0)
         self.weights[row, depths] = np.minimum(w + 1.0, WEIGHT_CAP)
+        # Conditional evidence: position d was reached with the survival of d-1 and survived with
+        # its own (a survival row's values are made nonincreasing, so hits <= tries).
+        survived = np.minimum.accumulate(np.clip(values, 0.0, 1.0))
+        reached = np.concatenate(([1.0], survived[:-1]))
+        self.hits[row, :n] += survived
+        self.tries[row, :n] += reached
+        # The same cap as the means' weights: past 128 the evidence becomes a moving average.
+        over = self.tries[row, :n] > WEIGHT_CAP
+        if np.any(over):
+            scale = np.where(over, WEIGHT_CAP / np.maximum(self.tries[row, :n], WEIGHT_CAP), 1.0)
+            self.hits[row, :n] *= scale
+            self.tries[row, :n] *= scale
 
     def optimistic(self, row: int) -> np.ndarray:
         """Funded acceptance learning's bound: min(1, mean + sqrt(ln 20 / (2 * aged weight)))."""
@@ -94,10 +154,12 @@ class PrefixColumns:
         aged = self.weights[rows] * (0.5 ** (elapsed / HALF_LIFE_TOKENS))[:, None]
         return np.where(self.has[rows, None], aged, START_WEIGHT)
 
-    def optimistic_rows(self, rows: np.ndarray, prior: PopulationPrior, generated: np.ndarray) -> np.ndarray:
-        """`optimistic` for many rows at their aged weights (the prior stands in for rows without one)."""
+    def optimistic_rows(self, rows: np.ndarray, prior: PopulationPrior, generated: np.ndarray,
+                        means: np.ndarray | None = None) -> np.ndarray:
+        """`optimistic` for many rows at their aged weights (the prior stands in for rows without one);
+        `means` replaces the rows' historical means (the CONDITIONAL estimate's survival)."""
         bonus = np.sqrt(CONFIDENCE_Z / (2.0 * self.aged_weights(rows, generated)))
-        return np.minimum(1.0, self.current(rows, prior) + bonus)
+        return np.minimum(1.0, (self.current(rows, prior) if means is None else means) + bonus)
 
 
 class SpeculationColumns:
@@ -122,13 +184,23 @@ class SpeculationColumns:
 class SpeculationModel:
     """Population priors plus the per-request update rules, on `SpeculationColumns` rows."""
 
-    def __init__(self, depth: int):
+    def __init__(self, depth: int, estimate: AcceptanceEstimate = AcceptanceEstimate.CONDITIONAL):
         self.depth = depth
+        self.estimate = estimate
         self.acceptance_prior = {s: PopulationPrior(depth) for s in ProposalSource}
         self.forecast_prior = PopulationPrior(depth)
 
     def survival(self, cols: SpeculationColumns, rows: np.ndarray, source: ProposalSource) -> np.ndarray:
-        return cols.acceptance[source].current(rows, self.acceptance_prior[source])
+        est, prior = cols.acceptance[source], self.acceptance_prior[source]
+        if self.estimate is AcceptanceEstimate.CONDITIONAL:
+            return est.conditional(rows, prior)
+        return est.current(rows, prior)
+
+    def optimistic(self, cols: SpeculationColumns, rows: np.ndarray, source: ProposalSource,
+                   generated: np.ndarray) -> np.ndarray:
+        """Funded acceptance learning's bound on the scheduled survival, at the per-depth aged weights."""
+        est, prior = cols.acceptance[source], self.acceptance_prior[source]
+        return est.optimistic_rows(rows, prior, generated, self.survival(cols, rows, source))
 
     def forecast(self, cols: SpeculationColumns, rows: np.ndarray) -> np.ndarray:
         return cols.forecast.current(rows, self.forecast_prior)
