@@ -12,13 +12,13 @@ Each run serves `concurrency` requests of 64-token prompts and 256 output tokens
 completion; useful tokens/s = committed output tokens / makespan. Printed as ratios to the best
 fixed K at each concurrency, all measured in this one run.
 
-The `preseeded` column is adaptive with its population acceptance prior preseeded (the spec's
-"preseeded acceptance histories") from `calibrated_prior`: what the scheduler's own prior learns from
-16 other requests served at the widest program. The `adaptive` column starts from the spec's untrained
-prior, 0.5^d at depth d, which at depth 5-7 is 7-15x below this curve (0.22, 0.16, 0.12): a cold
-adaptive scheduler prices those depths below their cost and, with one request, observes them only in
-acceptance probes (one per ~0.5-0.75 s of execution), so at concurrency 1 it stays at K=3-5 while the
-best fixed K is 6-7.
+The `adaptive` column is the default acceptance estimate (AcceptanceEstimate.CONDITIONAL, a spec
+deviation: docs/speculation.md), cold. The `spec` column is the spec's estimate, cold
+(acceptance_estimate="spec"): per-depth means from the untrained prior 0.5^d, which at depth 5-7 is
+7-15x below this curve (0.22, 0.16, 0.12), so at concurrency 1 it stays at K=3-5 while the best fixed
+K is 6-7. The `preseeded` column is the default estimate with its population acceptance prior
+preseeded (the spec's "preseeded acceptance histories") from `calibrated_prior`: what the scheduler's
+own prior learns from 16 other requests served at the widest program.
 
 Then one line per exploration demonstration (helios/sim/exploration_demo.py): a graph whose
 duration drifts (timing refresh), and acceptance that turns from zero to high mid-stream
