@@ -11,9 +11,9 @@ survival a request is scheduled with is instead the product of per-position cond
 acceptances c_d = P(position d survives | position d-1 survived). Each c_d is the weighted mean of
 its own evidence (survived / reached, aged and capped like the means) and a starting value worth
 START_WEIGHT observations: the request's pooled per-position rate (whose own prior is the
-population curve's pooled rate). With nothing observed this is the population prior itself (0.5^d untrained);
-once a request has shown rate q at depths 1-3, depths 4-7 start at q per position instead of
-at 0.5^d, and a rejection at depth 1 no longer counts as evidence against depth 5's conditional.
+population curve's pooled rate). A request with nothing observed uses the population prior
+itself (0.5^d untrained); once it has shown rate q at depths 1-3, depths 4-7 start at q per
+position instead of at 0.5^d, and a rejection at depth 1 is no longer evidence against depth 5.
 The spec's per-depth means and weights are still kept: the weights give the optimistic bound's
 confidence, and AcceptanceEstimate.SPEC schedules with the means.
 """
