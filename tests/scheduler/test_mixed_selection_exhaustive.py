@@ -63,7 +63,16 @@ def objective(s, shape, decoders, prompt, policy):
     stalled = sum(policy.token_fairness / math.exp(r.log_x)
                   + (policy.delivery_fairness / math.exp(r.log_z) if r.log_z is not None else 0.0)
                   for r in active if r.handle not in served) if policy.stall_pricing else 0.0
-    return value / t - t / 2 * policy.decode_age_price * k - stalled * math.expm1(t / policy.adaptation_ms) / t
+    # Served decoders of a mixed graph that outlasts the fastest delivery graph with room for
+    # them are stalled for the excess (utility.served_cost).
+    delayed = 0.0
+    if policy.stall_pricing and policy.served_stall_pricing and shape.kind is GraphKind.MIXED and decoders:
+        step = min(TABLE[d] for d in TABLE if d.kind in DELIVERY and d.batch_capacity >= len(decoders))
+        delayed = sum(policy.token_fairness / math.exp(r.log_x)
+                      + (policy.delivery_fairness / math.exp(r.log_z) if r.log_z is not None else 0.0)
+                      for r in decoders) * math.expm1(max(0.0, t - step) / policy.adaptation_ms) / t
+    return (value / t - t / 2 * policy.decode_age_price * k - stalled * math.expm1(t / policy.adaptation_ms) / t
+            - delayed)
 
 
 def cohorts(shape, decoders, prompts):
