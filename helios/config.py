@@ -47,9 +47,8 @@ class PolicyConfig:
     # Price an excluded decoder's stall by the growth of its own fairness and delivery prices over
     # the candidate's duration, e^(T/tau) - 1, as a waiting prompt's price grows.
     stall_pricing: bool = True
-    # With stall_pricing, also charge a decoder the candidate serves the growth of its prices over T
-    # given the one token and delivery it receives: near zero for a decode step, about T*x for a
-    # long mixed graph (an unserved decoder is the same law with no service).
+    # With stall_pricing, also charge the decoders a mixed graph serves but delays: for the excess
+    # of T over the fastest decode step with room for them, they are stalled, and owe that growth.
     served_stall_pricing: bool = True
     # False: the spec's prices, one f/x for prompt and output tokens (x in decode-reference units).
     # True: prompt tokens at the exact gradient of f log x, f/x * r_decode/r_prefill (~0.004 f/x

@@ -269,8 +269,8 @@ class Scheduler:
         return self._derived()[2]
 
     def _derived(self) -> tuple:
-        """(decode costs, normalizers, price coefficients): functions of the estimates alone, recomputed only when
-        the cost table's version moves (a table without one, e.g. a baseline's time-dependent
+        """(decode costs, normalizers, price coefficients): functions of the estimates alone,
+        recomputed only when the cost table's version moves (a table without one, e.g. a baseline's time-dependent
         moving average, recomputes at every call)."""
         version = getattr(self.costs, "version", None)
         if version is None or version != self._derived_version or self._derived_cache is None:
