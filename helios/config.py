@@ -39,7 +39,7 @@ class SchedulerPolicy(Enum):
     THROUGHPUT = "throughput"
 
 
-_FLAGS = ("phase_normalized", "stall_pricing", "gradient_prompt_price")
+_FLAGS = ("phase_normalized", "stall_pricing", "served_stall_pricing", "gradient_prompt_price", "fairness_time_scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,10 +62,18 @@ class PolicyConfig:
     # Price an excluded decoder's stall by the growth of its own fairness and delivery prices over
     # the candidate's duration, e^(T/tau) - 1, as a waiting prompt's price grows.
     stall_pricing: bool = True
+    # With stall_pricing, also charge the decoders a mixed graph serves but delays: for the excess
+    # of T over the fastest decode step with room for them, they are stalled, and owe that growth.
+    served_stall_pricing: bool = True
     # False: the spec's prices, one f/x for prompt and output tokens (x in decode-reference units).
     # True: prompt tokens at the exact gradient of f log x, f/x * r_decode/r_prefill (~0.004 f/x
     # here): fairer in machine shares, slower first tokens (docs/scheduling-utility.md, ablation).
     gradient_prompt_price: bool = False
+    # Calibrate f and g to the measured time scale: scale both down (never up) so that a stream at
+    # the reference decode rate r_d has a fairness price f/x of at most beta. The table's f = 16
+    # and beta = 64 balance at x = 0.25 tokens/ms, a 4-ms decode step; on a 40-ms step f/x is
+    # 10 beta and every token, prompt or output, is priced alike (docs/scheduling-utility.md).
+    fairness_time_scale: bool = False
     # Off by default, and outside the spec (which rules duration ceilings out): drop a prefill
     # candidate when the oldest decoder's age + T + one decode step would exceed this many ms.
     # Kept only as the study's reference point for the ablation.
@@ -114,7 +122,7 @@ def preset(
         raise ConfigError("scheduler_policy", f"unknown policy {policy!r} (choose {names})") from None
     # The spec's table, with the adaptation time measured for graphs of tens to hundreds of ms
     # (docs/scheduling-utility.md, "Adaptation time"; docs/server.md): both presets share it.
-    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS)
+    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True)
     if policy is SchedulerPolicy.THROUGHPUT:
         # Throughput keeps token fairness and output value, drops cadence preferences.
         config = replace(config, delivery_fairness=0.0, decode_age_price=0.0)

@@ -197,7 +197,7 @@ class Scheduler:
         pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
         return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
                 + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode,
-                                     self.coeff, view.log_scale, view.waiting, budget, pages,
+                                     self._coeff(), view.log_scale, view.waiting, budget, pages,
                                      view.prefill.get(GraphKind.PREFILL, (None,))[0]))
 
     def _view(self) -> PlanningView | None:
@@ -210,12 +210,13 @@ class Scheduler:
             live = live[~self.state.not_ready(self.requests, live)]
         if not len(live) and not (self.state.captures or self.state.restoring):
             return None
-        return build_view(self.requests, live, self.queue, self.policy, self.coeff, self._decode_costs(),
+        coeff = self._coeff()
+        return build_view(self.requests, live, self.queue, self.policy, coeff, self._decode_costs(),
                           self._normalizers(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
                           (self.speculation, self.source) if self.shapes.rounds else None,
-                          restore_log_scale(self.state, self.requests, self.coeff))
+                          restore_log_scale(self.state, self.requests, coeff))
 
     def _plan_from(self, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
@@ -263,9 +264,13 @@ class Scheduler:
     def _decode_costs(self) -> list[tuple[int, float]]:
         return self._derived()[0]
 
+    def _coeff(self) -> PriceCoefficients:
+        """The price coefficients, calibrated to the measured time scale when the policy asks."""
+        return self._derived()[2]
+
     def _derived(self) -> tuple:
-        """(decode costs, normalizers): functions of the estimates alone, recomputed only when
-        the cost table's version moves (a table without one, e.g. a baseline's time-dependent
+        """(decode costs, normalizers, price coefficients): functions of the estimates alone,
+        recomputed only when the cost table's version moves (a table without one, e.g. a baseline's time-dependent
         moving average, recomputes at every call)."""
         version = getattr(self.costs, "version", None)
         if version is None or version != self._derived_version or self._derived_cache is None:
@@ -277,7 +282,10 @@ class Scheduler:
                 prefill = [(s.token_capacity, t / 1e6) for s in self.shapes.prefill + self.shapes.scored_prefill
                            if (t := est(s)) is not None]
                 norm = reference_normalizers(prefill, decode)
-            self._derived_cache, self._derived_version = (decode, norm), version
+            coeff = self.coeff
+            if self.policy.fairness_time_scale:
+                coeff = coeff.time_scaled(reference_normalizers((), decode).log_decode)
+            self._derived_cache, self._derived_version = (decode, norm, coeff), version
         return self._derived_cache
 
     def _cost_lookup(self, now: int):

@@ -35,7 +35,7 @@ from helios.scheduler.plan import PlanLanes
 from helios.scheduler.policy import Budget, Candidate, LanePool
 from helios.scheduler.rounds import _ceilings, _gains
 from helios.scheduler.speculation import expected_output
-from helios.scheduler.utility import ranked_lanes, rate_score, stall_cost
+from helios.scheduler.utility import ranked_lanes, rate_score, served_cost, stall_cost
 
 
 @dataclass(slots=True)
@@ -142,6 +142,10 @@ def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, st
         # growth of their prices over T; a prompt row serves no decoder.
         served_stall = float(decode.stall[members].sum()) if decode.stall is not None and m else 0.0
         c.score -= stall_cost(decode.stall_total - served_stall, t_ms, decode.tau_ms)
+        if decode.steps is not None and m:
+            # The decoders it serves wait past their own decode step for their token: for that
+            # excess they are stalled, and owe the same growth (utility.served_cost).
+            c.score -= served_cost(served_stall, t_ms, decode.steps[m], decode.tau_ms)
     c.lru = lru
     served = m + (prompt is not None)
     used = work + (m * shape.token_capacity if rows is None else sum(rows.tolist()))

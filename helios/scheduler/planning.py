@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -144,6 +145,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             where = np.full(t.capacity, -1, dtype=np.int64)
             where[rows[act]] = np.arange(len(act))
             decode.stall = growing[where[drows]]
+        if policy.served_stall_pricing:
+            decode.steps = fastest_steps(tuple(decode_costs))
     decode.stall_total, decode.tau_ms = stall_total, policy.adaptation_ms
     if speculation is not None:
         _add_speculation(decode, t, drows, output_value, speculation, policy, max_context)
@@ -168,6 +171,13 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             pool.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode_costs)
         prefill[kind] = (pool, prow)
     return PlanningView(scale, c * s * n_active, decode, drows, prefill)
+
+
+@lru_cache(maxsize=16)
+def fastest_steps(decode_costs: tuple[tuple[int, float], ...]) -> tuple:
+    """steps[m] for m = 0..64: the shortest measured delivery-bearing graph with capacity for m
+    rows (None when none is). Cached: the measured costs change only when a graph is re-measured."""
+    return tuple(min((ms for b, ms in decode_costs if b >= m), default=None) for m in range(65))
 
 
 def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_value, speculation, policy,

@@ -59,6 +59,10 @@ class LanePool:
     # step (decode pool only), their sum over every active decoder, and tau.
     stall: np.ndarray | None = None
     stall_total: float = 0.0
+    # served_stall_pricing (decode pool): steps[m], the measured duration of the fastest
+    # delivery-bearing graph with room for m decoders (None: unmeasured); a longer graph that
+    # serves them delays them.
+    steps: tuple | None = None
     tau_ms: float = 1.0
     stall_bound_ms: float | None = None  # prefill only: the off-by-default duration bound
 

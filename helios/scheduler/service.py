@@ -71,6 +71,15 @@ class PriceCoefficients:
     log_g: float
     log_beta: float
 
+    def time_scaled(self, log_decode: float) -> "PriceCoefficients":
+        """f and g scaled by one factor, at most 1, so that f/x <= beta at x = r_d (the measured
+        reference decode rate, exp(log_decode) tokens/ms): f' = min(f, beta r_d). A zero f or
+        beta leaves the coefficients as they are (zero removes a preference; it is not a scale)."""
+        shift = self.log_beta + log_decode - self.log_f
+        if not math.isfinite(shift) or shift >= 0.0:
+            return self
+        return PriceCoefficients(self.log_f + shift, self.log_g + shift, self.log_beta)
+
     @staticmethod
     def of(policy: PolicyConfig) -> "PriceCoefficients":
         return PriceCoefficients(

@@ -57,6 +57,19 @@ def stall_cost(excluded: float, t_ms: float, tau_ms: float) -> float:
     return excluded * stall_growth(t_ms, tau_ms) / t_ms
 
 
+def served_cost(growing: float, t_ms: float, step_ms: float | None, tau_ms: float) -> float:
+    """Value rate owed to decoders a candidate serves but delays, per ms of the candidate.
+
+    `growing`: their scaled f/x + g/z; `step_ms`: the measured duration of the fastest decode graph
+    that could serve them alone. Their token arrives at T instead of at that step, so for the
+    excess T - step they are stalled exactly as a decoder left out: their prices grow by
+    e^((T - step)/tau) - 1. A graph no longer than their own step owes nothing.
+    """
+    if step_ms is None or t_ms <= step_ms:
+        return 0.0
+    return growing * stall_growth(t_ms - step_ms, tau_ms) / t_ms
+
+
 def ranked_lanes(values: np.ndarray, lru: np.ndarray, slots: np.ndarray) -> np.ndarray:
     """Lane order by value, then less recently served, then slot: best first.
 

@@ -17,9 +17,13 @@ def test_defaults_match_the_spec_table():
 
 
 def test_balanced_preset_uses_the_default_coefficients_with_the_measured_adaptation_time():
-    # Every preference coefficient is the table's; only tau is the study's (docs/server.md).
-    assert preset("balanced") == replace(PolicyConfig(), adaptation_ms=BALANCED_ADAPTATION_MS)
+    # Every preference coefficient is the table's; tau is the study's, and f and g are calibrated
+    # to the measured time scale at decision time (docs/scheduling-utility.md, docs/server.md).
+    assert preset("balanced") == replace(PolicyConfig(), adaptation_ms=BALANCED_ADAPTATION_MS,
+                                         fairness_time_scale=True)
     assert preset("throughput").adaptation_ms == BALANCED_ADAPTATION_MS
+    assert preset("throughput").fairness_time_scale
+    assert not PolicyConfig().fairness_time_scale and PolicyConfig().served_stall_pricing
 
 
 def test_utility_options_are_validated():

@@ -32,8 +32,19 @@ def rows(s):
     return [s.request_row(h) for h in s.requests]
 
 
+def fairness(policy):
+    """f and g as the scheduler prices them: with `fairness_time_scale`, both scaled so that
+    f <= beta * r_d, r_d the fastest delivery graph's rate (1/T) in the table."""
+    f, g, beta = policy.token_fairness, policy.delivery_fairness, policy.output_token_value
+    if policy.fairness_time_scale and f > 0 and beta > 0:
+        r_d = max(1 / TABLE[d] for d in TABLE if d.kind in DELIVERY)
+        k = min(1.0, beta * r_d / f)
+        f, g = f * k, g * k
+    return f, g
+
+
 def decoder_value(s, r, t, sigma, policy):
-    f, g, beta, c = policy.token_fairness, policy.delivery_fairness, policy.output_token_value, policy.decode_age_price
+    (f, g), beta, c = fairness(policy), policy.output_token_value, policy.decode_age_price
     x = math.exp(r.log_x)
     z = None if r.log_z is None else math.exp(r.log_z)
     age = (s.now_ns - r.last_publication_ns) / MS
@@ -41,7 +52,7 @@ def decoder_value(s, r, t, sigma, policy):
 
 
 def prompt_value(r, chunk, policy):
-    f, beta = policy.token_fairness, policy.output_token_value
+    f, beta = fairness(policy)[0], policy.output_token_value
     x = math.exp(r.log_x)
     work = min(chunk, r.prompt_left)
     return (1 + f / x) * work + ((beta + f / x) if work == r.prompt_left else 0.0)
@@ -60,10 +71,18 @@ def objective(s, shape, decoders, prompt, policy):
     # Priced stalls (issue 12, docs/scheduling-utility.md): each active decoder left out owes the
     # growth of its fairness and delivery prices over T.
     served = {r.handle for r in decoders}
-    stalled = sum(policy.token_fairness / math.exp(r.log_x)
-                  + (policy.delivery_fairness / math.exp(r.log_z) if r.log_z is not None else 0.0)
+    f, g = fairness(policy)
+    stalled = sum(f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
                   for r in active if r.handle not in served) if policy.stall_pricing else 0.0
-    return value / t - t / 2 * policy.decode_age_price * k - stalled * math.expm1(t / policy.adaptation_ms) / t
+    # Served decoders of a mixed graph that outlasts the fastest delivery graph with room for
+    # them are stalled for the excess (utility.served_cost).
+    delayed = 0.0
+    if policy.stall_pricing and policy.served_stall_pricing and shape.kind is GraphKind.MIXED and decoders:
+        step = min(TABLE[d] for d in TABLE if d.kind in DELIVERY and d.batch_capacity >= len(decoders))
+        delayed = sum(f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
+                      for r in decoders) * math.expm1(max(0.0, t - step) / policy.adaptation_ms) / t
+    return (value / t - t / 2 * policy.decode_age_price * k - stalled * math.expm1(t / policy.adaptation_ms) / t
+            - delayed)
 
 
 def cohorts(shape, decoders, prompts):
@@ -101,7 +120,8 @@ def build(states, policy):
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(REQUEST_STATE, min_size=1, max_size=6),
-       st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0), PolicyConfig(token_fairness=0.0)]))
+       st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0), PolicyConfig(token_fairness=0.0),
+                        PolicyConfig(fairness_time_scale=True), PolicyConfig(served_stall_pricing=False)]))
 def test_every_legal_mixed_cohort_against_exhaustive_enumeration(states, policy):
     s = build(states, policy)
     p = s.plan()
