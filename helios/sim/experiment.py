@@ -135,7 +135,7 @@ def prefix_cache_for(setup: Setup, scheduler: str) -> PrefixCache | None:
     if not (setup.prefix_reuse or split_reuse(scheduler)[1]):
         return None
     cap = None if setup.prefix_cache_tokens is None else setup.prefix_cache_tokens // MOONCAKE_BLOCK_TOKENS
-    return PrefixCache(MOONCAKE_BLOCK_TOKENS, cap)
+    return PrefixCache(MOONCAKE_BLOCK_TOKENS, cap, page_tokens=setup.page_tokens)
 
 
 def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):

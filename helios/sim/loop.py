@@ -82,6 +82,9 @@ class Simulation:
         self.on_step = on_step
         self.prefix_cache = prefix_cache
         self._released: list[int] = []  # detached handles whose cache references end after this event
+        self._submitted: set[int] = set()  # handles seen in a submitted plan (their pages are reserved)
+        self._reserved = False  # a request reserved its pages since the free pages were last read
+        self._free_blocks = 0  # the free pages, in blocks, when last read (a lower bound since)
         self.now_ns = 0
         self.device_free_ns = 0
         self.logs: dict[int, RequestLog] = {}
@@ -120,7 +123,7 @@ class Simulation:
                 self._release()
             self.loop.dispatch(self._submit)
             if self.prefix_cache is not None:
-                self.prefix_cache.fit(self._free_blocks())
+                self._fit()
 
     def _arrive(self, a: Arrival) -> None:
         spec, cached = a.spec, 0
@@ -144,16 +147,25 @@ class Simulation:
     def _release(self) -> None:
         for handle in self._released:
             self.prefix_cache.release(handle)
+            self._submitted.discard(handle)
         self._released.clear()
 
-    def _free_blocks(self) -> int:
-        # Unreferenced cached blocks may use only the pages no request has reserved.
-        pool = self.scheduler.resources
-        return pool.free_pages * pool.page_tokens // self.prefix_cache.block_tokens
+    def _fit(self) -> None:
+        # Unreferenced cached blocks may use only the pages no request has reserved. Free pages fall only
+        # when a request reserves its extent (its first plan), else only rise, so the last reading is a
+        # lower bound and is read again (a snapshot) only before it could make the cache evict.
+        cache = self.prefix_cache
+        if self._reserved or cache.unreferenced_count > self._free_blocks:
+            self._free_blocks = cache.blocks_in(self.scheduler.snapshot().free_pages)
+            self._reserved = False
+        cache.fit(self._free_blocks)
 
     def _submit(self, plan: ScheduledPlan, fence: int) -> None:
         # The virtual device runs the frame at once and reports it when its duration has passed.
         result: Execution = self.core.execute(plan, fence)
+        if self.prefix_cache is not None and not self._submitted.issuperset(plan.handles):
+            self._submitted.update(plan.handles)  # a first plan: the commit reserved its pages
+            self._reserved = True
         start = max(self.now_ns, self.device_free_ns)
         end = start + result.duration_ns
         self.device_free_ns = end

@@ -47,14 +47,16 @@ class PrefixCacheStats:
 
 
 class PrefixCache:
-    def __init__(self, block_tokens: int, capacity_blocks: int | None = None):
-        if isinstance(block_tokens, bool) or not isinstance(block_tokens, int) or block_tokens < 1:
-            raise ConfigError("block_tokens", f"must be a positive integer, got {block_tokens!r}")
+    def __init__(self, block_tokens: int, capacity_blocks: int | None = None, page_tokens: int = 16):
+        for name, v in (("block_tokens", block_tokens), ("page_tokens", page_tokens)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(name, f"must be a positive integer, got {v!r}")
         if capacity_blocks is not None and (isinstance(capacity_blocks, bool) or not isinstance(capacity_blocks, int)
                                             or capacity_blocks < 0):
             raise ConfigError("capacity_blocks", f"must be a nonnegative integer or None, got {capacity_blocks!r}")
         self.block_tokens = block_tokens
         self.capacity_blocks = capacity_blocks
+        self.page_tokens = page_tokens  # the KV pool's page size: `blocks_in` converts free pages
         self._refs: dict[Chain, int] = {}  # every cached block: its chain -> live requests using it
         self._lru: OrderedDict[Chain, None] = OrderedDict()  # unreferenced blocks, least recent first
         self._held: dict[int, list[Chain]] = {}  # handle -> blocks it references, in prompt order
@@ -74,6 +76,14 @@ class PrefixCache:
     def unreferenced(self) -> list[Chain]:
         """Unreferenced blocks, least recently used first (the eviction order)."""
         return list(self._lru)
+
+    @property
+    def unreferenced_count(self) -> int:
+        return len(self._lru)
+
+    def blocks_in(self, pages: int) -> int:
+        """Whole blocks that fit `pages` KV pages."""
+        return max(pages, 0) * self.page_tokens // self.block_tokens
 
     def full_blocks(self, blocks: Sequence[int], prompt_tokens: int) -> int:
         """How many of `blocks` the prompt fills completely (only those can be cached)."""

@@ -77,13 +77,12 @@ def test_every_scheduler_gets_the_same_memory_and_the_cache_stays_within_it():
     caches = []
     for name in ("helios-balanced", "vllm-fcfs", "sarathi"):
         r = _run(name + "+reuse", base)
-        pool = r.sim.scheduler.resources
-        caches.append((pool.total_pages,
-                       pool.page_tokens, r.sim.prefix_cache.block_tokens, r.sim.prefix_cache.capacity_blocks))
+        pool, cache = r.sim.scheduler.snapshot(), r.sim.prefix_cache
+        caches.append((pool.total_pages, cache.page_tokens, cache.block_tokens, cache.capacity_blocks))
         # After the run nothing is referenced, and the unreferenced blocks fit the free pages.
-        assert len(r.sim.prefix_cache.unreferenced()) == len(r.sim.prefix_cache)
-        assert len(r.sim.prefix_cache) * 512 <= pool.free_pages * pool.page_tokens
-    assert len(set(caches)) == 1
+        assert cache.unreferenced_count == len(cache.unreferenced()) == len(cache) > 0
+        assert len(cache) * 512 <= pool.free_pages * cache.page_tokens
+    assert len(set(caches)) == 1 and caches[0][:2] == (SETUP.config().kv_pages, SETUP.page_tokens)
     a = prefix_cache_for(SETUP, "helios-balanced+reuse")
     b = prefix_cache_for(SETUP, "vllm-fcfs+reuse")
     assert (a.block_tokens, a.capacity_blocks) == (b.block_tokens, b.capacity_blocks) == (512, None)
