@@ -38,7 +38,8 @@ def _sim_report(args: argparse.Namespace) -> int:
     # Options given explicitly win over the defaults and over --quick.
     given = {"traces": traces, "schedulers": args.schedulers, "window_s": args.window_s, "loads": args.loads,
              "jobs": args.jobs, "seeds": args.seeds, "min_requests": args.min_requests,
-             "resolution": args.resolution, "ablation": args.ablation}
+             "resolution": args.resolution, "ablation": args.ablation, "prefix_reuse": args.prefix_reuse,
+             "sweep": args.sweep, "refine": args.refine}
     cfg = replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v})
     t0 = time.perf_counter()
     try:
@@ -115,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--seeds", type=_csv(int), help="comma-separated seeds (default 0,1,2): mean and range")
     report.add_argument("--min-requests", type=positive_int,
                         help="each trace's window holds at least this many requests (default 1000)")
+    report.add_argument("--sweep", type=_csv(float), help="goodput sweep loads (default 0.2,0.4,0.6,0.8,1,1.4,2)")
+    report.add_argument("--refine", type=positive_int, help="most goodput bisection steps (default 8)")
     report.add_argument("--resolution", type=float, help="goodput bisection resolution (default 0.05: 5%%)")
     report.add_argument("--ablation", type=_names,
                         help="Helios variants for the ablation table, e.g. 'helios-balanced[stall_pricing=0]'")
@@ -129,6 +132,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--jobs", type=positive_int,
                         help="worker processes (default: 2, or 1 on a 1-CPU machine); results do not change")
     report.add_argument("--quick", action="store_true", help="a tiny smoke configuration")
+    report.add_argument("--prefix-reuse", action="store_true",
+                        help="also run every scheduler with automatic prefix reuse on the traces with block "
+                             "hashes (Mooncake) and add the prefix-reuse table")
     report.add_argument("--mixed-prefill", action="store_true",
                         help="give the Helios schedulers the mixed prefill+decode catalog (baselines keep their own)")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")

@@ -5,7 +5,8 @@
 
 Each run is `experiment.run_workload` on the first `--window-s` seconds of the trace at the nominal load,
 with the report's SLOs (docs/simulator.md); the output is a Markdown table (attainment, TTFT p50/p99, gap
-p99, Jain). Scheduler names take PolicyConfig overrides in brackets (`experiment.split_variant`). This is
+p99, Jain, and the share of prompt tokens a prefix-cache hit saved). Scheduler names take PolicyConfig overrides in
+brackets (`experiment.split_variant`) and a `+reuse` suffix (automatic prefix reuse, `experiment.split_reuse`). This is
 the quick single-load view used while developing the utility; `flare sim report` adds seeds, the goodput
 bisection and the plots.
 """
@@ -47,14 +48,14 @@ def main() -> None:
     with ProcessPoolExecutor(a.jobs) as pool:
         rows = list(pool.map(one, *zip(*jobs)))
     print("| trace | scheduler | load | seed | rate (req/s) | SLO attained | TTFT p50 | TTFT p99 | gap p99 | Jain |"
-          " wall (s) |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          " prefill saved | wall (s) |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         m = r["m"]
         jain = "n/a" if m.jain is None else f"{m.jain:.3f}"
         print(f"| {r['trace']} | `{r['scheduler']}` | {r['load']:g} | {r['seed']} | {m.offered_rate:.2f} | "
               f"{m.slo_attainment:.2f} | {m.ttft_p50_ms:,.0f} | {m.ttft_p99_ms:,.0f} | {m.gap_p99_ms:,.0f} | {jain} | "
-              f"{r['wall_s']:.0f} |")
+              f"{m.prefill_saved:.1%} | {r['wall_s']:.0f} |")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,9 @@ from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import CostModel, SyntheticCostModel, VidurCostModel
 from helios.sim.loop import Arrival, Simulation
 from helios.sim.metrics import NS_PER_S, SLO, RunMetrics, compute_metrics
-from helios.sim.traces import TraceRequest, load_azure_conv, load_mooncake, multi_client, trace_format
+from helios.sim.prefix_cache import PrefixCache
+from helios.sim.traces import (MOONCAKE_BLOCK_TOKENS, TraceRequest, load_azure_conv, load_mooncake, multi_client,
+                               trace_format)
 
 TRACES = ("azure", "mooncake", "multi")
 SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs", "sarathi", "vtc", "direct")
@@ -54,6 +56,8 @@ class Setup:
     warmup: bool = True
     warmup_context: int = 1024  # KV length of every active row in the warm-up measurements
     mixed_prefill: bool = False  # Helios schedulers also get the mixed catalog; baselines never do
+    prefix_reuse: bool = False  # automatic prefix caching by block hashes, for every scheduler alike
+    prefix_cache_tokens: int | None = None  # a cap on the prefix cache (None: only the free KV pages bound it)
 
     def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
         # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
@@ -70,7 +74,7 @@ class Setup:
     def mixed_for(self, scheduler: str) -> bool:
         """Whether `scheduler` runs with the mixed catalog: Helios with --mixed-prefill. vLLM, Sarathi-Serve,
         VTC and direct keep their own rules: Helios's catalog choices are never imposed on them."""
-        return self.mixed_prefill and scheduler.partition("[")[0] in HELIOS_SCHEDULERS  # variants too
+        return self.mixed_prefill and split_reuse(scheduler)[0].partition("[")[0] in HELIOS_SCHEDULERS  # variants too
 
     def config(self) -> SchedulerConfig:
         # Requests reserve their whole extent (prompt + max output) when first scheduled, so the page pool
@@ -114,10 +118,30 @@ def split_variant(name: str) -> tuple[str, dict]:
     return base, overrides
 
 
+REUSE_SUFFIX = "+reuse"
+
+
+def split_reuse(name: str) -> tuple[str, bool]:
+    """"vllm-fcfs+reuse" -> ("vllm-fcfs", True): the report's prefix-reuse rows are the same scheduler
+    run with the automatic prefix cache (`Setup.prefix_reuse`)."""
+    if name.endswith(REUSE_SUFFIX):
+        return name[: -len(REUSE_SUFFIX)], True
+    return name, False
+
+
+def prefix_cache_for(setup: Setup, scheduler: str) -> PrefixCache | None:
+    """The prefix cache of one run, or None when reuse is off. Every scheduler gets the same one: blocks
+    of the trace's size, bounded by the free pages of the same KV pool (and `prefix_cache_tokens`)."""
+    if not (setup.prefix_reuse or split_reuse(scheduler)[1]):
+        return None
+    cap = None if setup.prefix_cache_tokens is None else setup.prefix_cache_tokens // MOONCAKE_BLOCK_TOKENS
+    return PrefixCache(MOONCAKE_BLOCK_TOKENS, cap, page_tokens=setup.page_tokens)
+
+
 def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     """A scheduler by report name: helios-balanced, helios-throughput (or helios), a Helios variant
-    (`split_variant`), or a baseline."""
-    name, overrides = split_variant(name)
+    (`split_variant`), or a baseline; a `+reuse` suffix (prefix reuse) changes only the run."""
+    name, overrides = split_variant(split_reuse(name)[0])
     if name in HELIOS_SCHEDULERS:
         policy = replace(preset("throughput" if name.endswith("throughput") else "balanced"), **overrides)
         return make_scheduler("helios", catalog, policy, config)
@@ -280,7 +304,7 @@ def warm_up(scheduler, catalog: Catalog, model: CostModel, context: int) -> None
 
 def to_arrivals(requests: Sequence[TraceRequest]) -> list[Arrival]:
     return [Arrival(r.arrival_ns, RequestSpec(r.prompt_tokens, r.output_tokens, client=r.client),
-                    output_len=r.output_tokens, client=r.client) for r in requests]
+                    output_len=r.output_tokens, client=r.client, prefix_blocks=r.prefix_blocks) for r in requests]
 
 
 @dataclass
@@ -298,7 +322,8 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
-    speculation = SpeculationMode.ADAPTIVE if split_variant(scheduler)[0] == "helios-spec" else SpeculationMode.OFF
+    speculation = (SpeculationMode.ADAPTIVE if split_variant(split_reuse(scheduler)[0])[0] == "helios-spec"
+                   else SpeculationMode.OFF)
     catalog = setup.catalog(speculation, setup.mixed_for(scheduler))
     config = replace(setup.config(), speculation=speculation)
     acceptance = AcceptanceModel(seed=seed) if speculation is SpeculationMode.ADAPTIVE else None
@@ -315,7 +340,8 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
         bar.update((step.end_ns - last[0]) / NS_PER_S)
         last[0] = step.end_ns
 
-    sim = Simulation(sched, core, on_step=tick if bar is not None else None)
+    sim = Simulation(sched, core, on_step=tick if bar is not None else None,
+                     prefix_cache=prefix_cache_for(setup, scheduler))
     sim.add(to_arrivals(requests))
     try:
         sim.run()

@@ -6,6 +6,13 @@ event queue and a virtual device that runs one frame at a time.
 Events are ordered by one explicit key: (time_ns, kind, sequence). At equal times,
 completions are processed before arrivals, so freed capacity is visible to newcomers,
 and the sequence number keeps ties deterministic.
+
+With a `PrefixCache` (helios.sim.prefix_cache) the loop models automatic prefix reuse: an arrival's
+block hashes are looked up before the scheduler admits it, and its hit becomes the request's
+`cached_tokens` (the scheduler counts them as consumed prompt); completed prefill chunks publish their
+full blocks; a detached request's references end after its last completion was recorded; after every
+event the unreferenced blocks are fitted into the KV pages the scheduler's pool has free. Without a
+cache nothing here changes.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ class Arrival:
     spec: RequestSpec
     output_len: int | None = None  # true output length (EOS), when the workload knows it
     client: str = "default"
+    prefix_blocks: tuple[int, ...] = ()  # prompt block hashes (prefix reuse), when the trace has them
 
 
 @dataclass(slots=True)
@@ -45,6 +53,7 @@ class RequestLog:
     prefills: list = field(default_factory=list)  # (time_ns, prompt tokens completed), for service metrics
     finish: FinishReason | None = None
     finished_ns: int | None = None
+    cached_tokens: int = 0  # prompt tokens a prefix-cache hit saved
 
     @property
     def output_tokens(self) -> int:
@@ -66,17 +75,23 @@ class StepLog:
 
 
 class Simulation:
-    def __init__(self, scheduler, core, *, on_step: Callable[[StepLog], None] | None = None):
+    def __init__(self, scheduler, core, *, on_step: Callable[[StepLog], None] | None = None,
+                 prefix_cache=None):
         self.scheduler = scheduler
         self.core = core
         self.on_step = on_step
+        self.prefix_cache = prefix_cache
+        self._released: list[int] = []  # detached handles whose cache references end after this event
+        self._submitted: set[int] = set()  # handles seen in a submitted plan (their pages are reserved)
+        self._reserved = False  # a request reserved its pages since the free pages were last read
+        self._free_blocks = 0  # the free pages, in blocks, when last read (a lower bound since)
         self.now_ns = 0
         self.device_free_ns = 0
         self.logs: dict[int, RequestLog] = {}
         self.steps: list[StepLog] = []
         self._events: list = []
         self._seq = 0
-        self.loop = StepLoop(scheduler, lambda: self.now_ns, core.detach)
+        self.loop = StepLoop(scheduler, lambda: self.now_ns, core.detach if prefix_cache is None else self._detach)
 
     def push(self, time_ns: int, kind: EventKind, payload) -> None:
         heapq.heappush(self._events, (time_ns, int(kind), self._seq, payload))
@@ -104,17 +119,53 @@ class Simulation:
                 self.loop.cancel(payload)
             else:
                 self._complete(*payload)
+            if self.prefix_cache is not None:
+                self._release()
             self.loop.dispatch(self._submit)
+            if self.prefix_cache is not None:
+                self._fit()
 
     def _arrive(self, a: Arrival) -> None:
-        handle = self.scheduler.admit(a.spec, self.now_ns)
-        self.core.attach(handle, a.spec.prompt_tokens, output_len=a.output_len)
+        spec, cached = a.spec, 0
+        if self.prefix_cache is not None:
+            # The hit is looked up before admission (the spec carries it) and pinned under the handle
+            # admission assigns; nothing changes the cache in between.
+            cached = self.prefix_cache.match(a.prefix_blocks, spec.prompt_tokens)
+            if cached:
+                spec = replace(spec, cached_tokens=cached)
+        handle = self.scheduler.admit(spec, self.now_ns)
+        if self.prefix_cache is not None:
+            self.prefix_cache.admit(handle, a.prefix_blocks, spec.prompt_tokens)
+        self.core.attach(handle, spec.prompt_tokens, output_len=a.output_len)
         self.loop.attached(handle)
-        self.logs[handle] = RequestLog(self.now_ns, a.client, a.spec.prompt_tokens)
+        self.logs[handle] = RequestLog(self.now_ns, a.client, spec.prompt_tokens, cached_tokens=cached)
+
+    def _detach(self, handle: int) -> None:
+        self.core.detach(handle)
+        self._released.append(handle)
+
+    def _release(self) -> None:
+        for handle in self._released:
+            self.prefix_cache.release(handle)
+            self._submitted.discard(handle)
+        self._released.clear()
+
+    def _fit(self) -> None:
+        # Unreferenced cached blocks may use only the pages no request has reserved. Free pages fall only
+        # when a request reserves its extent (its first plan), else only rise, so the last reading is a
+        # lower bound and is read again (a snapshot) only before it could make the cache evict.
+        cache = self.prefix_cache
+        if self._reserved or cache.unreferenced_count > self._free_blocks:
+            self._free_blocks = cache.blocks_in(self.scheduler.snapshot().free_pages)
+            self._reserved = False
+        cache.fit(self._free_blocks)
 
     def _submit(self, plan: ScheduledPlan, fence: int) -> None:
         # The virtual device runs the frame at once and reports it when its duration has passed.
         result: Execution = self.core.execute(plan, fence)
+        if self.prefix_cache is not None and not self._submitted.issuperset(plan.handles):
+            self._submitted.update(plan.handles)  # a first plan: the commit reserved its pages
+            self._reserved = True
         start = max(self.now_ns, self.device_free_ns)
         end = start + result.duration_ns
         self.device_free_ns = end
@@ -135,7 +186,10 @@ class Simulation:
         # Prompt progress is recorded only once the scheduler has accepted the completion.
         for rec in result.records:
             if rec.prompt_tokens and rec.handle in self.logs:
-                self.logs[rec.handle].prefills.append((self.now_ns, rec.prompt_tokens))
+                log = self.logs[rec.handle]
+                log.prefills.append((self.now_ns, rec.prompt_tokens))
+                if self.prefix_cache is not None:
+                    self.prefix_cache.computed(rec.handle, log.cached_tokens + sum(n for _, n in log.prefills))
 
     def _publish(self, g: GeneratedToken) -> bool:
         log = self.logs[g.handle]

@@ -47,6 +47,7 @@ class RunMetrics:
     e2e_p99_ms: float
     jain: float | None
     slo_attainment: float
+    prefill_saved: float = 0.0  # prompt tokens a prefix-cache hit skipped, over all prompt tokens
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -181,7 +182,8 @@ def compute_metrics(source, slo: SLO, *, arrival_window_ns: int | None = None) -
         ttft_p50_ms=percentile(ttfts, 50), ttft_p99_ms=percentile(ttfts, 99),
         gap_p50_ms=percentile(gaps, 50), gap_p99_ms=percentile(gaps, 99),
         e2e_p50_ms=percentile(e2es, 50), e2e_p99_ms=percentile(e2es, 99),
-        jain=backlogged_jain(logs, end_ns=end), slo_attainment=slo_attainment(logs, slo))
+        jain=backlogged_jain(logs, end_ns=end), slo_attainment=slo_attainment(logs, slo),
+        prefill_saved=sum(log.cached_tokens for log in logs) / max(sum(log.prompt_tokens for log in logs), 1))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from helios.sim import plots
-from helios.sim.experiment import (SCHEDULERS, Setup, build_scheduler, default_slo, load_workload, loads_of,
-                                   nominal_load, rescale, run_workload, trace_label, window_for)
+from helios.sim.experiment import (REUSE_SUFFIX, SCHEDULERS, Setup, build_scheduler, default_slo, load_workload,
+                                   loads_of, nominal_load, rescale, run_workload, trace_label, window_for)
 from helios.sim.metrics import NS_PER_S, SLO, goodput_sweep, request_gaps_ms, ttft_ms
 from helios.sim.report_md import write_markdown
 from helios.sim.seeds import combine
@@ -34,6 +34,9 @@ class ReportConfig:
     the range. Goodput bisects until the last passing and first failing loads are within
     `resolution` of each other (geometrically), at most `refine` steps. `ablation` names Helios
     variants (`experiment.split_variant`) run on `ablation_traces` only, for the ablation table.
+    `prefix_reuse` adds, on every trace whose requests carry block hashes (Mooncake), each scheduler
+    once more with automatic prefix reuse (`<name>+reuse`, `experiment.split_reuse`), for the
+    prefix-reuse table.
     """
 
     traces: tuple[str, ...] = ("azure", "mooncake", "multi")
@@ -48,6 +51,7 @@ class ReportConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     ablation: tuple[str, ...] = ()
     ablation_traces: tuple[str, ...] = ("azure", "mooncake")
+    prefix_reuse: bool = False
     setup: Setup = field(default_factory=Setup)
     ttft_slo_scale: float = 5.0
     gap_slo_scale: float = 10.0
@@ -129,6 +133,15 @@ def run_task(trace: str, scheduler: str, seed: int, cfg: ReportConfig, wl: Workl
             "points": points, "runs": len(runs), "wall_s": time.perf_counter() - t0}
 
 
+def reuse_traces(cfg: ReportConfig, workloads: dict) -> list[str]:
+    """The traces that get prefix-reuse rows: with `cfg.prefix_reuse`, those whose requests carry block hashes."""
+    if not cfg.prefix_reuse:
+        return []
+    return [t for t in cfg.traces
+            if any(r.prefix_blocks for r in load_workload(t, workloads[t].window_s, seed=cfg.seed,
+                                                          max_context=cfg.setup.max_context))]
+
+
 def usable_schedulers(names, setup: Setup) -> tuple[list[str], dict[str, str]]:
     """The names that construct, and a reason for each that does not (printed and reported)."""
     ok, skipped = [], {}
@@ -154,6 +167,7 @@ def run_report(cfg: ReportConfig, out_dir: str | os.PathLike, *, command: str = 
     workloads = {t: _workload(t, cfg) for t in cfg.traces}
     pairs = [(t, s) for t in cfg.traces for s in schedulers]
     pairs += [(t, v) for t in cfg.traces if t in cfg.ablation_traces for v in variants if v not in schedulers]
+    pairs += [(t, s + REUSE_SUFFIX) for t in reuse_traces(cfg, workloads) for s in schedulers]
     tasks = [(t, s, seed) for t, s in pairs for seed in cfg.seeds]
     # Longest first (Helios on the long-prompt trace): the pool's last task then ends soonest.
     tasks.sort(key=lambda k: (not k[1].startswith("helios"), k[0] != "mooncake"))
@@ -213,7 +227,7 @@ def _write_json(cfg, names, results, workloads, path: Path, wall: float) -> None
 
     doc = {"wall_s": wall, "windows_s": {t: w.window_s for t, w in workloads.items()}, "loads": cfg.loads,
            "seeds": cfg.seeds, "resolution": cfg.resolution, "cost_model": cfg.setup.cost_model,
-           "mixed_prefill": cfg.setup.mixed_prefill,
+           "mixed_prefill": cfg.setup.mixed_prefill, "prefix_reuse": cfg.prefix_reuse,
            "workloads": {t: {"requests": w.requests, "base_rate": w.base_rate, "load_at_1": w.load_at_1,
                              "slo": {"ttft_ms": w.slo.ttft_ms, "gap_ms": w.slo.gap_ms,
                                      "gap_quantile": w.slo.gap_quantile, "target": w.slo.target}}

@@ -6,7 +6,7 @@ import math
 import os
 
 from helios.graphs import GraphKind
-from helios.sim.experiment import LOAD_FACTOR, load_cost_model, loads_of, trace_label
+from helios.sim.experiment import LOAD_FACTOR, REUSE_SUFFIX, load_cost_model, loads_of, trace_label
 
 COLUMNS = ("scheduler", "rate (req/s)", "output tok/s", "total tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
            "gap p50 (ms)", "gap p99 (ms)", "e2e p50 (s)", "e2e p99 (s)", "SLO attained", "Jain")
@@ -74,6 +74,10 @@ def _setup_lines(cfg) -> list[str]:
         "- **Mixed graphs** " + ("on for the Helios schedulers (`--mixed-prefill`: the mixed prefill+decode catalog "
                                  "is added to theirs); the baselines keep their own rules." if s.mixed_prefill else
                                  "off: Helios runs separate prefill and decode graphs."),
+        "- **Prefix reuse** " + ("rows added (`+reuse`) on the traces with block hashes: automatic prefix caching "
+                                 "by 512-token block-hash chains for every scheduler alike, bounded by the same KV "
+                                 "pool's free pages, LRU eviction (docs/simulator.md)." if cfg.prefix_reuse else
+                                 "off: every prompt is prefilled in full."),
         "- **Warm-up** " + ("every graph measured once before the trace (off the clock), for every scheduler."
                             if s.warmup else "none: graphs are discovered during the trace."),
         f"- **Load factor** {', '.join(f'`{k}` x{v:g}' for k, v in LOAD_FACTOR.items())}: its loads and sweep "
@@ -125,6 +129,7 @@ def write_markdown(cfg, schedulers, skipped, results, workloads, figures, comman
     out += _table(["scheduler"] + [f"{label[t]} (req/s)" for t in cfg.traces], rows)
     if variants:
         out += _ablation(cfg, schedulers, variants, results, mid)
+    out += _prefix_reuse(cfg, schedulers, results, mid)
     out += ["## Headline", "", "Each trace at its middle load; seed means [range].", ""]
     for t in cfg.traces:
         middle = loads_of(t, cfg.loads)[mid]
@@ -179,3 +184,29 @@ def _ablation(cfg, schedulers, variants, results, mid: int) -> list[str]:
                     _num(m["metrics"]["gap_p99_ms"]), _spread(m, "slo_attainment")]
         rows.append(row)
     return out + _table(header, rows)
+
+
+def _prefix_reuse(cfg, schedulers, results, mid: int) -> list[str]:
+    """Each scheduler without and with automatic prefix reuse, on the traces that have reuse rows."""
+    traces = [t for t in cfg.traces if any((t, s + REUSE_SUFFIX) in results for s in schedulers)]
+    if not traces:
+        return []
+    out = ["## Prefix reuse", "",
+           "Every scheduler without and with automatic prefix caching by the trace's 512-token block hashes "
+           "(the same cache rule and the same KV pool for all; docs/simulator.md). Goodput: seed mean [range]; "
+           "TTFT p50 and the prompt tokens a hit saved at the middle load, seed means.", ""]
+    for t in traces:
+        load = loads_of(t, cfg.loads)[mid]
+        rows = []
+        for s in schedulers:
+            off, on = results.get((t, s)), results.get((t, s + REUSE_SUFFIX))
+            if off is None or on is None:
+                continue
+            a, b = off["loads"][load]["metrics"], on["loads"][load]["metrics"]
+            rows.append([s, _goodput(off["goodput"]), _goodput(on["goodput"]), _num(a["ttft_p50_ms"]),
+                         _num(b["ttft_p50_ms"]), _spread(off["loads"][load], "slo_attainment"),
+                         _spread(on["loads"][load], "slo_attainment"), f"{b.get('prefill_saved') or 0:.1%}"])
+        out += [f"**{trace_label(t)}**, load {load:g}", ""]
+        out += _table(("scheduler", "goodput off (req/s)", "goodput reuse (req/s)", "TTFT p50 off (ms)",
+                       "TTFT p50 reuse (ms)", "SLO off", "SLO reuse", "prompt tokens saved"), rows)
+    return out

@@ -47,3 +47,18 @@ def test_worker_processes_do_not_change_results(tmp_path):
         for r in run:
             r.pop("task_wall_s")
     assert runs[0] == runs[1]
+
+
+def test_prefix_reuse_rows_on_mooncake_only(tmp_path):
+    out = tmp_path / "r"
+    assert main(["sim", "report", "--quick", "--traces", "azure,mooncake", "--window-s", "6", "--jobs", "1",
+                 "--schedulers", "vllm-fcfs", "--prefix-reuse", "--out", str(out)]) == 0
+    text = (out / "report.md").read_text()
+    table = text.split("## Prefix reuse")[1].split("## Headline")[0]
+    assert "**mooncake**" in table and "**azure**" not in table  # azure has no block hashes
+    row = next(line for line in table.splitlines() if line.startswith("| vllm-fcfs |"))
+    assert float(row.split("|")[-2].strip().rstrip("%")) > 0  # some prompt tokens were saved
+    doc = json.loads((out / "results.json").read_text())
+    runs = {(r["trace"], r["scheduler"]) for r in doc["runs"]}
+    assert runs == {("azure", "vllm-fcfs"), ("mooncake", "vllm-fcfs"), ("mooncake", "vllm-fcfs+reuse")}
+    assert doc["prefix_reuse"] is True
