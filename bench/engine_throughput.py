@@ -30,7 +30,15 @@ average 15-19, a 1172-token prompt, two runs):
          --mixed-prefill  8.7 s      41.9 s         2.8     2 of 128
   run 2  helios           5.5 s      55.6 s         3.2
          --mixed-prefill 11.9 s      47.7 s         2.6     2 of 109
-The two runs disagree in sign: the row is dominated by the machine's load, and the scheduler chose mixed
+Quiet machine (2026-12-01 19:30 UTC, load average 0.2-1.0, after the issue-12 time-scaled prices), two runs:
+                        gap p99   long TTFT   out tok/s   mixed graphs chosen
+  run 1  helios          0.78 s      16.8 s        13.3
+         --mixed-prefill  1.19 s      16.9 s        13.4     2 of 71
+  run 2  helios          0.84 s      17.8 s        12.6
+         --mixed-prefill  1.28 s      18.8 s        12.1     3 of 73
+On a quiet machine the sign is stable: mixed graphs do not help on this CPU (decoders' gap p99 1.5x worse,
+TTFT and throughput within noise). Under load (above) the two runs disagreed in sign: the row was dominated
+by the machine's load, and the scheduler chose mixed
 graphs twice per run, because on this CPU a mixed graph costs about its prefill plus its decode graph
 (timed directly: mixed[B=16,W=1,C=256] with 15 decode rows 6.7-7.0 s against prefill[B=1,C=256] 5.7-6.1 s
 plus decode[B=16] 1.0-1.1 s; the packed extent adds 15 positions to a compute-bound prefill, and a CPU decode
