@@ -33,9 +33,9 @@ average 15-19, a 1172-token prompt, two runs):
 Quiet machine (2026-12-01 19:30 UTC, load average 0.2-1.0, after the issue-12 time-scaled prices), two runs:
                         gap p99   long TTFT   out tok/s   mixed graphs chosen
   run 1  helios          0.78 s      16.8 s        13.3
-         --mixed-prefill  1.19 s      16.9 s        13.4     2 of 71
+         --mixed-prefill  1.19 s      16.9 s        13.4     2 of 75
   run 2  helios          0.84 s      17.8 s        12.6
-         --mixed-prefill  1.28 s      18.8 s        12.1     3 of 73
+         --mixed-prefill  1.28 s      18.8 s        12.1     3 of 75
 On a quiet machine the sign is stable: mixed graphs do not help on this CPU (decoders' gap p99 1.5x worse,
 TTFT and throughput within noise). Under load (above) the two runs disagreed in sign: the row was dominated
 by the machine's load, and the scheduler chose mixed
