@@ -74,7 +74,7 @@ class Setup:
     def mixed_for(self, scheduler: str) -> bool:
         """Whether `scheduler` runs with the mixed catalog: Helios with --mixed-prefill. vLLM, Sarathi-Serve,
         VTC and direct keep their own rules: Helios's catalog choices are never imposed on them."""
-        return self.mixed_prefill and split_reuse(scheduler)[0].partition("[")[0] in HELIOS_SCHEDULERS  # variants too
+        return self.mixed_prefill and split_variant(scheduler)[0] in HELIOS_SCHEDULERS  # variants too
 
     def config(self) -> SchedulerConfig:
         # Requests reserve their whole extent (prompt + max output) when first scheduled, so the page pool
@@ -98,7 +98,9 @@ def load_cost_model(name: str) -> CostModel:
 
 def split_variant(name: str) -> tuple[str, dict]:
     """"helios-balanced[stall_pricing=0,adaptation_ms=300]" -> the base name and PolicyConfig
-    overrides (the ablation's variants); a plain name has none."""
+    overrides (the ablation's variants); a plain name has none. A `+reuse` suffix (`split_reuse`)
+    is not part of the scheduler and is dropped."""
+    name = split_reuse(name)[0]
     if not name.endswith("]") or "[" not in name:
         return name, {}
     base, _, body = name[:-1].partition("[")
@@ -141,7 +143,7 @@ def prefix_cache_for(setup: Setup, scheduler: str) -> PrefixCache | None:
 def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     """A scheduler by report name: helios-balanced, helios-throughput (or helios), a Helios variant
     (`split_variant`), or a baseline; a `+reuse` suffix (prefix reuse) changes only the run."""
-    name, overrides = split_variant(split_reuse(name)[0])
+    name, overrides = split_variant(name)
     if name in HELIOS_SCHEDULERS:
         policy = replace(preset("throughput" if name.endswith("throughput") else "balanced"), **overrides)
         return make_scheduler("helios", catalog, policy, config)
@@ -322,8 +324,7 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
-    speculation = (SpeculationMode.ADAPTIVE if split_variant(split_reuse(scheduler)[0])[0] == "helios-spec"
-                   else SpeculationMode.OFF)
+    speculation = SpeculationMode.ADAPTIVE if split_variant(scheduler)[0] == "helios-spec" else SpeculationMode.OFF
     catalog = setup.catalog(speculation, setup.mixed_for(scheduler))
     config = replace(setup.config(), speculation=speculation)
     acceptance = AcceptanceModel(seed=seed) if speculation is SpeculationMode.ADAPTIVE else None

@@ -59,6 +59,11 @@ class RequestLog:
     def output_tokens(self) -> int:
         return sum(n for _, n in self.publications)
 
+    @property
+    def prompt_done(self) -> int:
+        """Prompt tokens consumed so far: the cached prefix and every completed prefill chunk."""
+        return self.cached_tokens + sum(n for _, n in self.prefills)
+
 
 @dataclass(slots=True)
 class StepLog:
@@ -189,7 +194,7 @@ class Simulation:
                 log = self.logs[rec.handle]
                 log.prefills.append((self.now_ns, rec.prompt_tokens))
                 if self.prefix_cache is not None:
-                    self.prefix_cache.computed(rec.handle, log.cached_tokens + sum(n for _, n in log.prefills))
+                    self.prefix_cache.computed(rec.handle, log.prompt_done)
 
     def _publish(self, g: GeneratedToken) -> bool:
         log = self.logs[g.handle]

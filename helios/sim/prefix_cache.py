@@ -107,7 +107,7 @@ class PrefixCache:
 
     def match(self, blocks: Sequence[int], prompt_tokens: int) -> int:
         """The prompt tokens a hit would save (changes nothing): at least one token is always computed."""
-        return min(len(self.hit(blocks, prompt_tokens)) * self.block_tokens, prompt_tokens - 1)
+        return self._saved(len(self.hit(blocks, prompt_tokens)), prompt_tokens)
 
     def admit(self, handle: int, blocks: Sequence[int], prompt_tokens: int) -> int:
         """Look up a new request's prefix, pin the blocks it hits; returns its cached prompt tokens."""
@@ -119,7 +119,7 @@ class PrefixCache:
         for chain in held:
             self._ref(chain)
         self.lookups += 1
-        cached = min(len(held) * self.block_tokens, prompt_tokens - 1)
+        cached = self._saved(len(held), prompt_tokens)
         self.hit_blocks += len(held)
         self.saved_tokens += cached
         return cached
@@ -161,6 +161,9 @@ class PrefixCache:
             del self._refs[chain]
             self.evicted += 1
         return self.evicted - before
+
+    def _saved(self, hit_blocks: int, prompt_tokens: int) -> int:
+        return min(hit_blocks * self.block_tokens, prompt_tokens - 1)  # at least one token is computed
 
     def _ref(self, chain: Chain) -> None:
         if self._refs[chain] == 0:
