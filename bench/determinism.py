@@ -23,6 +23,9 @@ CONFIGS = (
     ("balanced-7b-azure", "helios-balanced", "realistic-small", "azure", 200.0, 3.0, False, 1),
     ("balanced-7b-azure-mixed", "helios-balanced", "realistic-small", "azure", 200.0, 3.0, True, 1),
     ("throughput-70b-azure", "helios-throughput", "h100-70b", "azure", 60.0, 1.0, False, 2),
+    ("spec-7b-azure", "helios-spec", "realistic-small", "azure", 100.0, 3.0, False, 3),
+    ("balanced-70b-mooncake-mixed", "helios-balanced", "h100-70b", "mooncake", 60.0, 1.0, True, 4),
+    ("balanced-70b-multi", "helios-balanced", "h100-70b", "multi", 20.0, 1.2, True, 5),
 )
 
 

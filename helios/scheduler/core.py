@@ -34,6 +34,7 @@ from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.service import PHYSICAL, Normalizers, PriceCoefficients, reference_normalizers
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
+from helios.scheduler.utility import DecodeReference
 from helios.scheduler.queue import ExecutionQueue, Frame
 
 RETIRED_MEMORY = 4096
@@ -211,7 +212,7 @@ class Scheduler:
         if not len(live) and not (self.state.captures or self.state.restoring):
             return None
         coeff = self._coeff()
-        return build_view(self.requests, live, self.queue, self.policy, coeff, self._decode_costs(),
+        return build_view(self.requests, live, self.queue, self.policy, coeff, self._decode_reference(),
                           self._normalizers(),
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
@@ -261,7 +262,7 @@ class Scheduler:
         """The phases' reference rates from the measured catalog (docs/scheduling-utility.md)."""
         return self._derived()[1]
 
-    def _decode_costs(self) -> list[tuple[int, float]]:
+    def _decode_reference(self) -> DecodeReference:
         return self._derived()[0]
 
     def _coeff(self) -> PriceCoefficients:
@@ -269,7 +270,7 @@ class Scheduler:
         return self._derived()[2]
 
     def _derived(self) -> tuple:
-        """(decode costs, normalizers, price coefficients): functions of the estimates alone,
+        """(decode reference, normalizers, price coefficients): functions of the estimates alone,
         recomputed only when the cost table's version moves (a table without one, e.g. a baseline's time-dependent
         moving average, recomputes at every call)."""
         version = getattr(self.costs, "version", None)
@@ -285,7 +286,7 @@ class Scheduler:
             coeff = self.coeff
             if self.policy.fairness_time_scale:
                 coeff = coeff.time_scaled(reference_normalizers((), decode).log_decode)
-            self._derived_cache, self._derived_version = (decode, norm, coeff), version
+            self._derived_cache, self._derived_version = (DecodeReference(decode), norm, coeff), version
         return self._derived_cache
 
     def _cost_lookup(self, now: int):

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import lru_cache
-
 import numpy as np
 
 from helios.config import PolicyConfig
@@ -16,7 +14,7 @@ from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices
-from helios.scheduler.utility import reference_interval_ms, shared_log_scale
+from helios.scheduler.utility import DecodeReference, shared_log_scale
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
@@ -71,10 +69,11 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
 
 
 def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig,
-               coeff: PriceCoefficients, decode_costs: list[tuple[int, float]], norm: Normalizers,
+               coeff: PriceCoefficients, decode: DecodeReference, norm: Normalizers,
                resources: ResourcePool, start_ns: int, max_context: int, max_lanes: int,
                speculation=None, scale_floor: float = -math.inf) -> PlanningView:
-    """`rows`: live requests in admission order; `norm`: the current reference rates.
+    """`rows`: live requests in admission order; `decode`: the measured delivery-bearing graphs;
+    `norm`: the current reference rates.
     `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded.
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale."""
@@ -115,7 +114,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     s = math.exp(-scale)
     c = policy.decode_age_price
     n_active = len(act)
-    sigma = reference_interval_ms(decode_costs, n_active, n_active)
+    sigma = decode.sigma(n_active)
     c_sigma = c * sigma * s if sigma is not None else 0.0
 
     whole = everyone and same  # the decode pool is every row, in table order
@@ -125,31 +124,34 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     if len(queue):
         ref = np.where(has_delivery[dec], delivery_ns[dec], ref)
         known = known | has_delivery[dec]
-    ages = np.where(known, np.maximum(0, start_ns - ref) / 1e6, 0.0)
+    ages = np.maximum(0, start_ns - ref) / 1e6
+    if np.count_nonzero(known) != len(known):  # the steady state: every decoder has published
+        ages[~known] = 0.0
     # The scale is the largest of these logs, so no exponent overflows.
     output_value = np.exp(lo_dec - scale)
-    base = output_value + np.exp(ld_dec - scale) + c_sigma * ages
-    decode = LanePool(handles if whole else handles[dec], t.last_served_seq[drows], t.slot[drows], base,
-                      age_slope=c_sigma)
+    delivery_dec = np.exp(ld_dec - scale)
+    base = output_value + delivery_dec + c_sigma * ages
+    pool = LanePool(handles if whole else handles[dec], t.last_served_seq[drows], t.slot[drows], base,
+                    age_slope=c_sigma)
     stall_total = 0.0
     if policy.stall_pricing and len(act):
         # What a stall of T does to a decoder's own prices: its fairness and delivery prices
         # grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's price follows.
         # Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
         # charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
-        growing = np.exp((lf if everyone else lf[act]) - scale) + np.exp(ld_act - scale)
+        growing = np.exp((lf if everyone else lf[act]) - scale) + (delivery_dec if same else np.exp(ld_act - scale))
         stall_total = float(np.add.reduce(growing))  # growing.sum(), without its wrapper
         if same:
-            decode.stall = growing  # the decode pool is every active row, in the same order
+            pool.stall = growing  # the decode pool is every active row, in the same order
         else:
             where = np.full(t.capacity, -1, dtype=np.int64)
             where[rows[act]] = np.arange(len(act))
-            decode.stall = growing[where[drows]]
+            pool.stall = growing[where[drows]]
         if policy.served_stall_pricing:
-            decode.steps = fastest_steps(tuple(decode_costs))
-    decode.stall_total, decode.tau_ms = stall_total, policy.adaptation_ms
+            pool.steps = decode.steps
+    pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms
     if speculation is not None:
-        _add_speculation(decode, t, drows, output_value, speculation, policy, max_context)
+        _add_speculation(pool, t, drows, output_value, speculation, policy, max_context)
 
     prefill: dict[GraphKind, tuple[LanePool, np.ndarray]] = {}
     for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL) if len(pre) else ():
@@ -157,7 +159,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         if not len(idx):
             continue
         prow = rows[idx]
-        pool = LanePool(
+        prompts = LanePool(
             handles[idx], t.last_served_seq[prow], t.slot[prow], np.zeros(len(idx)),
             log_prefill=lp[idx] - scale,
             first_token=np.exp(lo[idx] - scale),
@@ -166,18 +168,11 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             resident=t.slot[prow] != NO_SLOT,
             pages=resources.extent_pages_of(t, prow),
         )
-        pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
+        prompts.stall_total, prompts.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
         if policy.stall_bound_ms is not None:
-            pool.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode_costs)
-        prefill[kind] = (pool, prow)
-    return PlanningView(scale, c * s * n_active, decode, drows, prefill)
-
-
-@lru_cache(maxsize=16)
-def fastest_steps(decode_costs: tuple[tuple[int, float], ...]) -> tuple:
-    """steps[m] for m = 0..64: the shortest measured delivery-bearing graph with capacity for m
-    rows (None when none is). Cached: the measured costs change only when a graph is re-measured."""
-    return tuple(min((ms for b, ms in decode_costs if b >= m), default=None) for m in range(65))
+            prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode.costs)
+        prefill[kind] = (prompts, prow)
+    return PlanningView(scale, c * s * n_active, pool, drows, prefill)
 
 
 def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_value, speculation, policy,

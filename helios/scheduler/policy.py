@@ -137,7 +137,8 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
 
 
 def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Candidate]:
-    """Every batch capacity competes with the top-B lanes; same-cohort padding is pruned."""
+    """Every batch capacity competes with the top-B lanes; same-cohort padding is pruned, and so is
+    a measured capacity whose score provably cannot reach another candidate's (_score_bound)."""
     n = len(pool.handles)
     if n == 0:
         return []
@@ -151,21 +152,59 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     # With stall pricing a lane's worth at duration T is base + stall * (e^(T/tau) - 1): the
     # best cohort of a capacity below the lane count is a prefix of that order instead.
     stalled = pool.stall is not None and pool.stall_total > 0.0 and n > 1
-    out, taken = [], set()
+    out: list[Candidate | None] = []
+    reranked = []  # (position in out, shape, m, t_ms, state): cohorts needing their own order
+    best_known = -math.inf  # the best score among exact candidates with a known duration
+    taken = set()
     for shape in sorted(shapes, key=lambda s: s.batch_capacity):
         m = min(shape.batch_capacity, n)
         if m in taken:  # a smaller capacity already serves exactly this cohort
             continue
         taken.add(m)
         t_ms, state = costs(shape)
-        members, value, lru = order[:m], sums[m], recent[m - 1]
         if stalled and m < n and t_ms is not None:
+            reranked.append((len(out), shape, m, t_ms, state))
+            out.append(None)
+            continue
+        c = finish_candidate(Candidate(shape, order[:m], works[:m], sums[m], pool.age_slope * m, t_ms, state),
+                             pool, waiting, recent[m - 1])
+        if t_ms is not None and c.score > best_known:
+            best_known = c.score
+        out.append(c)
+    if reranked:
+        bound = _score_bound(pool, sums, waiting)
+        # Largest capacity first: it is usually the strongest incumbent for the bound.
+        for i, shape, m, t_ms, state in reversed(reranked):
+            # Pruning is exact only for fresh candidates: a stale one may still be chosen by a
+            # funded timing refresh (exploration.refresh_choice), whatever its score.
+            if state is CostState.FRESH and bound(m, t_ms) < best_known:
+                continue
             own = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru, pool.slots)
             members = own[:m]
-            value, lru = float(_sum(pool.base[members])), max(pool.lru[members].tolist())
-        c = Candidate(shape, members, works[:m], value, pool.age_slope * m, t_ms, state)
-        out.append(finish_candidate(c, pool, waiting, lru))
-    return out
+            c = Candidate(shape, members, works[:m], float(_sum(pool.base[members])), pool.age_slope * m, t_ms, state)
+            out[i] = c = finish_candidate(c, pool, waiting, max(pool.lru[members].tolist()))
+            if c.score > best_known:
+                best_known = c.score
+    return [c for c in out if c is not None]
+
+
+def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
+    """bound(m, T) >= the score finish_candidate gives any m-lane cohort of the pool at duration T.
+
+    The score is (sum base + slope m T)/T - T/2 waiting - (stall_total - sum stall) g(T)/T over the
+    cohort; the m largest bases and, separately, the m largest stalls bound both sums. A relative
+    margin of 1e-9 covers the rounding of the sums (about n ulps), so a pruned candidate's computed
+    score is strictly below the incumbent's: the selection is the same as without pruning."""
+    stall_sums = [0.0, *accumulate(np.sort(pool.stall)[::-1].tolist())]
+
+    def bound(m: int, t_ms: float) -> float:
+        growth = stall_growth(t_ms, pool.tau_ms)
+        gain = (base_sums[m] + pool.age_slope * m * t_ms) / t_ms
+        wait = 0.5 * t_ms * waiting
+        stall = (pool.stall_total - stall_sums[m]) * growth / t_ms
+        margin = 1e-9 * (abs(gain) + wait + pool.stall_total * growth / t_ms) + 1e-300
+        return gain - wait - stall + margin
+    return bound
 
 
 def _feasible_prefix(order: np.ndarray, pool: LanePool, limit: int, budget: Budget) -> np.ndarray:

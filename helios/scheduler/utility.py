@@ -34,6 +34,26 @@ def reference_interval_ms(family_costs: Iterable[tuple[int, float]], streams: in
     return None if best is None else streams * best
 
 
+class DecodeReference:
+    """The measured delivery-bearing graphs as (batch, t_ms), with what planning derives from them
+    and nothing else: sigma(n) (reference_interval_ms for n streams of one family) and steps[m] (the
+    shortest such graph with room for m rows, None when none is). Built once per cost-table version
+    (Scheduler._derived), so a decision looks both up instead of recomputing them."""
+
+    __slots__ = ("costs", "steps", "_sigma")
+
+    def __init__(self, costs: Iterable[tuple[int, float]]):
+        self.costs = tuple(costs)
+        self.steps = tuple(min((ms for b, ms in self.costs if b >= m), default=None) for m in range(65))
+        self._sigma: dict[int, float | None] = {}
+
+    def sigma(self, streams: int) -> float | None:
+        hit = self._sigma.get(streams, 0.0)
+        if hit == 0.0:  # sigma is positive or None: 0.0 marks a miss
+            hit = self._sigma[streams] = reference_interval_ms(self.costs, streams, streams)
+        return hit
+
+
 def rate_score(value: float, served_age_slope: float, t_ms: float, waiting: float) -> float:
     """(value + slope*T)/T - T/2 * waiting, where slope = sum of c*sigma over served lanes.
 

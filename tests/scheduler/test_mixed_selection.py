@@ -107,7 +107,7 @@ def test_mixed_plan_requires_feedback_and_waits_for_an_empty_window():
 def test_mixed_shapes_join_the_sigma_reference():
     table = {decode(4): 40.0, prefill(64): 6.0, mixed(4, 64): 12.0}
     s = make(table)
-    assert (4, 12.0) in s._decode_costs() and (4, 40.0) in s._decode_costs()
+    assert (4, 12.0) in s._decode_reference().costs and (4, 40.0) in s._decode_reference().costs
 
 
 def test_wider_mixed_graphs_need_speculation_and_state_rows_cover_their_width():

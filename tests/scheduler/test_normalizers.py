@@ -177,7 +177,7 @@ def test_cached_reference_rates_follow_every_estimate_change_and_only_those():
     s.costs.observe(decode(1), int(4.0 * MS), 0)  # median of (10, 10, 4, 4) is 7 ms: a faster decode
     assert s.costs.version > version
     assert s._normalizers().log_decode == pytest.approx(math.log(1 / 7.0))
-    assert (1, 7.0) in s._decode_costs()
+    assert (1, 7.0) in s._decode_reference().costs
     fresh = reference_normalizers(
         [(sh.token_capacity, s.costs.estimate_ns(sh) / 1e6) for sh in s.shapes.prefill],
         [(sh.batch_capacity, s.costs.estimate_ns(sh) / 1e6) for sh in s.shapes.delivery])
