@@ -290,6 +290,9 @@ class Scheduler:
         return self._derived_cache
 
     def _cost_lookup(self, now: int):
+        if isinstance(self.costs, CostTable):
+            return self.costs.lookup_ms_at(now)
+
         def lookup(shape):
             t, state = self.costs.lookup(shape, now)
             return (None if t is None else t / 1e6), state

@@ -76,6 +76,20 @@ class CostTable:
             return None, CostState.UNKNOWN
         return e.estimate_ns, CostState.STALE if now_ns - e.last_valid_ns > self.ttl_ns else CostState.FRESH
 
+    def lookup_ms_at(self, now_ns: int):
+        """`shape -> (estimate in ms or None, state)` at `now_ns`: `lookup` for every candidate of
+        one decision, with the identity cache inlined (a decision asks for every loaded capacity)."""
+        by_id, ttl, get = self._by_id, self.ttl_ns, self._get
+        unknown, stale, fresh = (None, CostState.UNKNOWN), CostState.STALE, CostState.FRESH
+
+        def lookup(shape: GraphShape):
+            hit = by_id.get(id(shape))
+            e = hit[1] if hit is not None and hit[0] is shape else get(shape)
+            if e is None or e.estimate_ns <= 0:
+                return unknown
+            return e.estimate_ns / 1e6, stale if now_ns - e.last_valid_ns > ttl else fresh
+        return lookup
+
     def estimate_ns(self, shape: GraphShape) -> int | None:
         """Measured estimate, kept for ranking even when stale; None when indeterminate."""
         e = self._get(shape)

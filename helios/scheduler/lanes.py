@@ -42,11 +42,13 @@ def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = 
     """One output row per lane; `values` are the scaled lane values (zero for baselines)."""
     n = len(rows)
     ones, one = _const(1, np.int64, n), _const(1, np.float64, n)
+    # The hot path's columns all come from the table or the constants, with their dtypes: built
+    # without re-checking them (only `values` comes from the caller).
     # A host-feedback request with a fence in flight needs that fence's result first.
-    return PlanLanes(**_common(t, rows), prompt_tokens=_const(0, np.int64, n), output_rows=ones,
-                     expected_tokens=one, expected_deliveries=one,
-                     value=_const(0, np.float64, n) if values is None else values,
-                     needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=ones)
+    return PlanLanes.built(**_common(t, rows), prompt_tokens=_const(0, np.int64, n), output_rows=ones,
+                           expected_tokens=one, expected_deliveries=one,
+                           value=_const(0, np.float64, n) if values is None else np.asarray(values, np.float64),
+                           needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=ones)
 
 
 def prefill_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanLanes:

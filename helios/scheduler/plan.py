@@ -124,6 +124,16 @@ class PlanLanes:
             arr.setflags(write=False)  # the plan is frozen data: so are its columns
 
     @staticmethod
+    def built(**columns: np.ndarray) -> "PlanLanes":
+        """Columns that lane building (scheduler/lanes.py) made with the right dtypes and length:
+        frozen without re-checking them, which is most of a plan's construction cost."""
+        lanes = object.__new__(PlanLanes)
+        for name, arr in columns.items():
+            arr.setflags(write=False)
+            object.__setattr__(lanes, name, arr)
+        return lanes
+
+    @staticmethod
     def of(lanes: Sequence[Lane]) -> "PlanLanes":
         """Columns from a sequence of lanes (None slots become NO_SLOT)."""
         lanes = [Lane(*l) for l in lanes]

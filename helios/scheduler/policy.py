@@ -146,8 +146,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     # Running sums on a list: cheaper than three numpy calls at these sizes, and cumsum adds
     # left to right as accumulate does, so the sums are the same floats.
     sums = [0.0, *accumulate(pool.base[order].tolist())]
-    # Cohorts are prefixes of one order: their most recent service is a running maximum.
-    recent = np.maximum.accumulate(pool.lru[order]).tolist()
+    recent = None  # cohorts' most recent service, computed when a cohort below n needs it
     works = np.zeros(n, dtype=np.int64)
     # With stall pricing a lane's worth at duration T is base + stall * (e^(T/tau) - 1): the
     # best cohort of a capacity below the lane count is a prefix of that order instead.
@@ -166,18 +165,24 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
             reranked.append((len(out), shape, m, t_ms, state))
             out.append(None)
             continue
+        if m == n:
+            lru = max(pool.lru.tolist())
+        else:
+            if recent is None:  # cohorts are prefixes of one order: a running maximum
+                recent = np.maximum.accumulate(pool.lru[order]).tolist()
+            lru = recent[m - 1]
         c = finish_candidate(Candidate(shape, order[:m], works[:m], sums[m], pool.age_slope * m, t_ms, state),
-                             pool, waiting, recent[m - 1])
+                             pool, waiting, lru)
         if t_ms is not None and c.score > best_known:
             best_known = c.score
         out.append(c)
     if reranked:
-        bound = _score_bound(pool, sums, waiting)
+        below = _score_bound(pool, sums, waiting)
         # Largest capacity first: it is usually the strongest incumbent for the bound.
         for i, shape, m, t_ms, state in reversed(reranked):
             # Pruning is exact only for fresh candidates: a stale one may still be chosen by a
             # funded timing refresh (exploration.refresh_choice), whatever its score.
-            if state is CostState.FRESH and bound(m, t_ms) < best_known:
+            if state is CostState.FRESH and below(m, t_ms, best_known):
                 continue
             own = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru, pool.slots)
             members = own[:m]
@@ -189,22 +194,27 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
 
 
 def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
-    """bound(m, T) >= the score finish_candidate gives any m-lane cohort of the pool at duration T.
+    """below(m, T, x): whether every m-lane cohort of the pool at duration T scores below x.
 
     The score is (sum base + slope m T)/T - T/2 waiting - (stall_total - sum stall) g(T)/T over the
-    cohort; the m largest bases and, separately, the m largest stalls bound both sums. A relative
-    margin of 1e-9 covers the rounding of the sums (about n ulps), so a pruned candidate's computed
-    score is strictly below the incumbent's: the selection is the same as without pruning."""
-    stall_sums = [0.0, *accumulate(np.sort(pool.stall)[::-1].tolist())]
+    cohort; the m largest bases and, separately, the m largest stalls bound both sums (the stall
+    term is first bounded by zero, which needs no sort and usually suffices). A relative margin of
+    1e-9 covers the rounding of the sums (about n ulps), so a pruned candidate's computed score is
+    strictly below the incumbent's: the selection is the same as without pruning."""
+    stall_sums = None
 
-    def bound(m: int, t_ms: float) -> float:
+    def below(m: int, t_ms: float, x: float) -> bool:
+        nonlocal stall_sums
         growth = stall_growth(t_ms, pool.tau_ms)
         gain = (base_sums[m] + pool.age_slope * m * t_ms) / t_ms
         wait = 0.5 * t_ms * waiting
-        stall = (pool.stall_total - stall_sums[m]) * growth / t_ms
         margin = 1e-9 * (abs(gain) + wait + pool.stall_total * growth / t_ms) + 1e-300
-        return gain - wait - stall + margin
-    return bound
+        if gain - wait + margin < x:
+            return True
+        if stall_sums is None:
+            stall_sums = [0.0, *accumulate(np.sort(pool.stall)[::-1].tolist())]
+        return gain - wait - (pool.stall_total - stall_sums[m]) * growth / t_ms + margin < x
+    return below
 
 
 def _feasible_prefix(order: np.ndarray, pool: LanePool, limit: int, budget: Budget) -> np.ndarray:
