@@ -170,7 +170,8 @@ class Scheduler:
         if view is None:
             return None
         costs = self._cost_lookup(self.now_ns)
-        view.waiting += terminal_waiting(self.state, view.log_scale)
+        if self.state.captures:
+            view.waiting += terminal_waiting(self.state, view.log_scale)
         candidates = self._state_candidates(view, costs)
         candidates += decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
         # Device allocation needs the program's causal confidence; copy proposals have none,
@@ -178,7 +179,7 @@ class Scheduler:
         device = self.config.speculation is SpeculationMode.ADAPTIVE and not self.config.copy_proposals
         if self.shapes.speculative:
             candidates += speculative_candidates(self.shapes.speculative, costs, view.decode, view.waiting, device)
-        budget = Budget(self.resources.free_slots, self.resources.free_pages)
+        budget = Budget(self.resources.free_slots, self.resources.free_pages) if view.prefill or self.shapes.mixed else None
         for kind, (pool, _) in view.prefill.items():
             candidates += prefill_candidates(self.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
         if self.shapes.mixed:
@@ -211,9 +212,8 @@ class Scheduler:
             live = live[~self.state.not_ready(self.requests, live)]
         if not len(live) and not (self.state.captures or self.state.restoring):
             return None
-        coeff = self._coeff()
-        return build_view(self.requests, live, self.queue, self.policy, coeff, self._decode_reference(),
-                          self._normalizers(),
+        decode, norm, coeff = self._derived()
+        return build_view(self.requests, live, self.queue, self.policy, coeff, decode, norm,
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
                           (self.speculation, self.source) if self.shapes.rounds else None,

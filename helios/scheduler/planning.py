@@ -32,16 +32,17 @@ class PlanningView:
 
 def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float):
     """Copies of the log token/delivery rates of `rows` advanced through every queued frame's
-    expected service, and each row's expected delivery time (has, ns) from the queue.
+    expected service, and each row's expected delivery time (has, ns) from the queue (None, None
+    when the queue is empty).
 
     Observed history changes only at completion; this projection never touches it.
     """
     n = len(rows)
     log_x, log_z = t.log_x[rows], t.log_z[rows]
+    if not len(queue):
+        return log_x, log_z, None, None  # nothing queued: no expected delivery either
     has_delivery = np.zeros(n, dtype=bool)
     delivery_ns = np.zeros(n, dtype=np.int64)
-    if not len(queue):
-        return log_x, log_z, has_delivery, delivery_ns
     pos = np.full(t.capacity, -1, dtype=np.int64)
     pos[rows] = np.arange(n)
     for frame in queue.frames:

@@ -110,6 +110,19 @@ def _shape_key(shape: GraphShape) -> tuple:
     return hit
 
 
+# id(shapes) -> (shapes, the same shapes by batch capacity): each decision ranks the same tuple.
+_BY_CAPACITY: dict[int, tuple] = {}
+
+
+def _by_capacity(shapes) -> tuple:
+    hit = _BY_CAPACITY.get(id(shapes))
+    if hit is None or hit[0] is not shapes:
+        if len(_BY_CAPACITY) >= 256:
+            _BY_CAPACITY.clear()
+        hit = _BY_CAPACITY[id(shapes)] = (shapes, tuple(sorted(shapes, key=lambda s: s.batch_capacity)))
+    return hit[1]
+
+
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
     """`lru`: the members' most recent service, when the caller already knows it."""
     n = len(c.members)
@@ -155,7 +168,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     reranked = []  # (position in out, shape, m, t_ms, state): cohorts needing their own order
     best_known = -math.inf  # the best score among exact candidates with a known duration
     taken = set()
-    for shape in sorted(shapes, key=lambda s: s.batch_capacity):
+    for shape in _by_capacity(shapes):
         m = min(shape.batch_capacity, n)
         if m in taken:  # a smaller capacity already serves exactly this cohort
             continue

@@ -138,5 +138,7 @@ def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm:
         prefill = np.logaddexp(0.0, prompt_fair)  # log(1 + f/x)
     output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
-    delivery[np.isnan(log_z)] = NEG_INF
+    missing = np.isnan(log_z)
+    if np.count_nonzero(missing):  # the steady state: every request has published
+        delivery[missing] = NEG_INF
     return prefill, output, delivery, fair
