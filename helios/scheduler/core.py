@@ -318,14 +318,15 @@ class Scheduler:
                 raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
             if not plan.requires_feedback:
                 plan = replace(plan, requires_feedback=True, stale_cost=True)
-        index = t.index
-        found = [index.get(h) for h in lanes.handle.tolist()]
+        handles = lanes.handle.tolist()
+        found = list(map(t.index.get, handles))
         if None in found:
             raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
-        rows = np.array(found, dtype=np.int64)
+        rows = np.fromiter(found, np.int64, len(found))
         done = t.phase[rows] == DONE
-        if plan.shape.kind is GraphKind.SNAPSHOT:  # terminal captures retire through this graph
-            done &= ~np.array([self.state.holds(h) for h in lanes.handle.tolist()], dtype=bool)
+        snapshot = plan.shape.kind is GraphKind.SNAPSHOT
+        if snapshot:  # terminal captures retire through this graph
+            done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
         bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
         if np.count_nonzero(bad):
             i = int(np.argmax(bad))
@@ -349,13 +350,21 @@ class Scheduler:
         t.inflight[rows] += 1
         t.version[rows] += 1
         t.last_served_seq[rows] = self._decisions
-        participants = (t.phase != DONE).nonzero()[0]  # resident runnable and waiting
+        live = t.phase != DONE  # participants: resident runnable and waiting
+        if not snapshot and np.count_nonzero(live) == len(found) and len(set(found)) == len(found):
+            # The lanes are every live request (the steady state; none is done, so they are
+            # live): the lane rows, handles and epochs are the participants', and completion's
+            # accounting needs no table-sized scatter (account_interval).
+            participants, p_handles, p_epochs = rows, lanes.handle, lanes.epoch
+        else:
+            participants = live.nonzero()[0]
+            p_handles, p_epochs = t.handle[participants], t.epoch[participants]
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
-                              t.handle[participants], t.epoch[participants], self._normalizers()))
+                              p_handles, p_epochs, self._normalizers()))
         self._last_fence = fence
         credits = self.exploration.credits()
         self.exploration.committed(plan.shape, plan.reason, fence, now)
-        self.traces.append(PlanTrace(fence, plan.shape, plan.handles, plan.estimated_duration_ns,
+        self.traces.append(PlanTrace(fence, plan.shape, tuple(handles), plan.estimated_duration_ns,
                                      self.costs.observation_age_ns(plan.shape, now), plan.reason,
                                      plan.score, plan.log_scale, now, refresh_credit_ns=credits.timing_refresh_ns,
                                      learning_credit_ns=credits.acceptance_learning_ns))
@@ -386,10 +395,11 @@ class Scheduler:
                                       self.sidecar_shape())
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
-        out = apply_completion(self, checked, timing, confidence, survival)
+        out, some_done = apply_completion(self, checked, timing, confidence, survival)
         if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
             out = self._complete_state(checked.frame.plan, fence, timing, out)
-        self._retire_idle(checked.frame.rows)
+        if some_done or self.state.enabled:  # else every lane is still live: none can retire
+            self._retire_idle(checked.frame.rows)
         if not len(self.queue) and not np.count_nonzero(self.requests.phase != DONE):
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
