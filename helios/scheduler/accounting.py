@@ -16,7 +16,7 @@ from helios.scheduler.service import ewma_log
 
 
 def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray,
-                     delta_ms: float, tau_ms: float) -> None:
+                     delta_ms: float, tau_ms: float, intact: bool = False) -> None:
     """One measured interval of `delta_ms`: every participant of the frame (the live requests
     at its dispatch) gets the service its lanes received (zero when unserved) folded into x.
     `served_tokens` is already normalized by the frame's commit-time reference rates
@@ -24,13 +24,16 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
     the float 1.0 when every lane was served one token (ewma_log's one-per-lane form).
 
     A delivery is recorded as zero at completion; the publication of the frame's output then
-    replaces it with one (`Publications`). `served_*` are lane-aligned with the frame.
+    replaces it with one (`Publications`). `served_*` are lane-aligned with the frame. `intact`:
+    the table's turnover has not moved since commit, so every participant is still valid.
     """
     t = table
     rows = frame.participant_rows
     # A cancelled handle cannot charge anyone, even a later request reusing its row.
-    keep = t.occupied[rows] & (t.handle[rows] == frame.participant_handles) & (t.epoch[rows] == frame.participant_epochs)
-    if rows is frame.rows and np.count_nonzero(keep) == len(keep):
+    keep = None if intact else (t.occupied[rows] & (t.handle[rows] == frame.participant_handles)
+                                & (t.epoch[rows] == frame.participant_epochs))
+    whole = intact or np.count_nonzero(keep) == len(keep)
+    if rows is frame.rows and whole:
         # Commit found the lanes to be every participant (the steady state): the served columns
         # are participant-aligned already, with no table-sized scatter and gather.
         tokens, outputs = served_tokens, served_outputs
@@ -39,7 +42,8 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
         outputs = np.zeros(t.capacity, dtype=np.int64)
         tokens[frame.rows] = served_tokens
         outputs[frame.rows] = served_outputs
-        rows = rows[keep]
+        if not whole:
+            rows = rows[keep]
         tokens, outputs = tokens[rows], outputs[rows]
     t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens, tau_ms)
     produced = outputs > 0

@@ -212,6 +212,9 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     now, t = sched.now_ns, sched.requests
     plan, shape = frame.plan, frame.plan.shape
     lanes, rows = plan.lanes, frame.rows
+    # Nothing finished or was rebound since commit: every lane is live in its planned epoch and
+    # every participant still holds its request (RequestTable.turnover).
+    intact = frame.turnover == t.turnover
     interval = timing.device_interval_ns()
     sched.costs.observe(shape, timing.cost_sample_ns(), now)
     raw = interval
@@ -229,15 +232,15 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
         served = (frame.normalizers.normalized_service(lanes.prompt_tokens, counts) if prompt
                   else 1.0 if checked.single else counts)
-        account_interval(t, frame, served, counts, raw / 1e6, sched.policy.adaptation_ms)
+        account_interval(t, frame, served, counts, raw / 1e6, sched.policy.adaptation_ms, intact)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows
     t.inflight[rows] -= 1
     t.version[rows] += 1
     # Cancelled or already finished lanes: their results are discarded.
-    act = (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
-    whole = np.count_nonzero(act) == len(act)
+    act = None if intact else (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
+    whole = intact or np.count_nonzero(act) == len(act)
     if whole:
         r, n, lane_index = rows, counts, None
     else:
@@ -248,7 +251,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if produced is not None:
         first &= produced
     if prompt:
-        t.prompt_done[r] += lanes.prompt_tokens[act]
+        t.prompt_done[r] += lanes.prompt_tokens if whole else lanes.prompt_tokens[act]
     after = before + n  # rows of a frame are distinct: a store, not a fancy +=
     t.output_done[r] = after
     unpublished = ~t.has_publication[r]
@@ -279,10 +282,12 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     handles, tokens = lanes.handle, checked.tokens
     if lane_index is not None:
         handles, tokens = handles[act], [tokens[j] for j in lane_index]
+    # A live lane has no finish reason until set_finish gives it one (which makes it done).
+    finishes = map(t.finish.__getitem__, rl) if finished else repeat(None)
     # GeneratedTokens built by tuple.__new__ over zipped columns: a named tuple's own __new__
     # is a Python call per lane.
     out = map(tuple.__new__, repeat(GeneratedToken), zip(
-        handles.tolist(), repeat(frame.fence), tokens, map(t.finish.__getitem__, rl), first.tolist()))
+        handles.tolist(), repeat(frame.fence), tokens, finishes, first.tolist()))
     if produced is not None:  # a lane that produced nothing publishes only its finish
         out = compress(out, (produced | finishing).tolist())
     return list(out), not whole or bool(finished)

@@ -139,8 +139,7 @@ class Scheduler:
         t.cancelled[row] = True
         t.set_finish(row, reason)
         t.update_phase([row])
-        t.epoch[row] += 1
-        t.version[row] += 1
+        t.rebind(row)
         self.state.forget(handle)
         self._retire_idle([row])
 
@@ -360,7 +359,7 @@ class Scheduler:
             participants = live.nonzero()[0]
             p_handles, p_epochs = t.handle[participants], t.epoch[participants]
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
-                              p_handles, p_epochs, self._normalizers()))
+                              p_handles, p_epochs, self._normalizers(), None if snapshot else t.turnover))
         self._last_fence = fence
         credits = self.exploration.credits()
         self.exploration.committed(plan.shape, plan.reason, fence, now)
@@ -398,9 +397,11 @@ class Scheduler:
         out, some_done = apply_completion(self, checked, timing, confidence, survival)
         if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
             out = self._complete_state(checked.frame.plan, fence, timing, out)
+        rows = checked.frame.rows
         if some_done or self.state.enabled:  # else every lane is still live: none can retire
-            self._retire_idle(checked.frame.rows)
-        if not len(self.queue) and not np.count_nonzero(self.requests.phase != DONE):
+            self._retire_idle(rows)
+        # A lane still live is something left to run (state operations end no request).
+        if not len(self.queue) and (some_done or not len(rows)) and not np.count_nonzero(self.requests.phase != DONE):
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
 

@@ -32,6 +32,9 @@ class Frame:
     # The token normalizers of the measured catalog at commit (spec, "Service accounting"): this
     # frame's service is counted in them, whatever is measured by the time it completes.
     normalizers: Normalizers = PHYSICAL
+    # The table's turnover at commit when every lane was live (None: a snapshot's terminal
+    # captures may be done): unchanged at completion, nothing of the frame finished or was rebound.
+    turnover: int | None = None
 
     @property
     def expected_ms(self) -> float | None:
