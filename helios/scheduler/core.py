@@ -344,7 +344,8 @@ class Scheduler:
         start = self.queue.expected_end_ns(now)
         end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
         self._decisions += 1
-        t.queued_prompt[rows] += lanes.prompt_tokens
+        if np.count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
+            t.queued_prompt[rows] += lanes.prompt_tokens
         t.queued_output[rows] += lanes.output_rows
         t.inflight[rows] += 1
         t.version[rows] += 1
