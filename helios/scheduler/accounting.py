@@ -102,12 +102,13 @@ class Publications:
         first = np.isnan(before)
         # One fence: one frame's interval, so every resolved row has the same pending delta (a
         # scalar delta lets ewma_log reuse its terms; elementwise, the values are the same).
-        delta = t.pending_delta_ms[rows]
+        single = type(fence) is int
+        delta = t.pending_delta_ms.item(rows[0]) if single else t.pending_delta_ms[rows]
         # The first burst is one delivery over its frame; later ones fold one delivery in.
         if np.count_nonzero(first):
-            t.log_z[rows[first]] = -np.log(delta[first])
+            t.log_z[rows[first]] = -np.log(t.pending_delta_ms[rows[first]])
             later = ~first
-            rows, before, delta = rows[later], before[later], delta[later]
-        if type(fence) is int and len(delta):
-            delta = float(delta[0])
+            rows, before = rows[later], before[later]
+            if not single:
+                delta = delta[later]
         t.log_z[rows] = ewma_log(before, delta, 1.0, self.tau_ms)

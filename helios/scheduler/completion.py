@@ -275,16 +275,15 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         t.set_finish(int(r[i]), reason)
     if finished or prompt:  # only a finish or prompt progress moves a phase
         t.update_phase(r)
-    rl = r.tolist()
     if rounds:
-        for j, row in zip(lane_index or range(len(rl)), rl):
+        for j, row in zip(lane_index or range(len(r)), r.tolist()):
             if not lanes.prompt_tokens[j]:  # a mixed graph's prompt row learns no acceptance
                 _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
     handles, tokens = lanes.handle, checked.tokens
     if lane_index is not None:
         handles, tokens = handles[act], [tokens[j] for j in lane_index]
     # A live lane has no finish reason until set_finish gives it one (which makes it done).
-    finishes = map(t.finish.__getitem__, rl) if finished else repeat(None)
+    finishes = map(t.finish.__getitem__, r.tolist()) if finished else repeat(None)
     # GeneratedTokens built by tuple.__new__ over zipped columns: a named tuple's own __new__
     # is a Python call per lane.
     out = map(tuple.__new__, repeat(GeneratedToken), zip(
