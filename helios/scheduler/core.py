@@ -392,7 +392,7 @@ class Scheduler:
 
     def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
         checked = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
-                                      self.sidecar_shape())
+                                      None if confidence is None else self.sidecar_shape())
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
         out, some_done = apply_completion(self, checked, timing, confidence, survival)
