@@ -319,9 +319,10 @@ class Scheduler:
                 plan = replace(plan, requires_feedback=True, stale_cost=True)
         handles = lanes.handle.tolist()
         found = list(map(t.index.get, handles))
-        if None in found:
-            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
-        rows = np.fromiter(found, np.int64, len(found))
+        try:
+            rows = np.fromiter(found, np.int64, len(found))
+        except TypeError:  # a None: the request retired (cheaper than searching for None first)
+            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
         done = t.phase[rows] == DONE
         snapshot = plan.shape.kind is GraphKind.SNAPSHOT
         if snapshot:  # terminal captures retire through this graph

@@ -7,6 +7,7 @@ import pytest
 
 import helios.scheduler.core as core
 from helios.config import SchedulerConfig
+from helios.errors import StalePlan
 from helios.scheduler import CompletionRecord, ExecutionTiming, FinishReason
 from helios.scheduler.queue import Frame
 
@@ -82,3 +83,16 @@ def test_turnover_moves_on_finish_cancel_and_rebind():
     start = t.turnover
     t.set_finish(t.row(a), FinishReason.LENGTH)
     assert t.turnover > start
+
+
+def test_commit_rejects_a_plan_whose_request_retired():
+    s = make(TABLE, config=CONFIG)
+    a, b = s.admit(spec(), 0), s.admit(spec(), 0)
+    plan = s.plan()
+    gone = plan.handles[-1]
+    s.cancel(gone, 0)  # nothing in flight: the request retires at once
+    assert gone not in s.requests
+    before = digest(s)
+    with pytest.raises(StalePlan, match=f"request {gone} is no longer runnable"):
+        s.commit(plan, 1)
+    assert digest(s) == before
