@@ -15,13 +15,14 @@ from helios.scheduler.requests import RequestTable
 from helios.scheduler.service import ewma_log
 
 
-def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray,
+def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
                      delta_ms: float, tau_ms: float, intact: bool = False) -> None:
     """One measured interval of `delta_ms`: every participant of the frame (the live requests
     at its dispatch) gets the service its lanes received (zero when unserved) folded into x.
     `served_tokens` is already normalized by the frame's commit-time reference rates
     (`Normalizers.normalized_service`): x is a share of the machine, not tokens/ms. It may be
-    the float 1.0 when every lane was served one token (ewma_log's one-per-lane form).
+    the float 1.0 when every lane was served one token (ewma_log's one-per-lane form), and
+    `served_outputs` None when every lane produced output.
 
     A delivery is recorded as zero at completion; the publication of the frame's output then
     replaces it with one (`Publications`). `served_*` are lane-aligned with the frame. `intact`:
@@ -36,23 +37,25 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
     if rows is frame.rows and whole:
         # Commit found the lanes to be every participant (the steady state): the served columns
         # are participant-aligned already, with no table-sized scatter and gather.
-        tokens, outputs = served_tokens, served_outputs
+        tokens = served_tokens
+        produced = True if served_outputs is None else served_outputs > 0
     else:
         tokens = np.zeros(t.capacity)
-        outputs = np.zeros(t.capacity, dtype=np.int64)
+        produced = np.zeros(t.capacity, dtype=bool)
         tokens[frame.rows] = served_tokens
-        outputs[frame.rows] = served_outputs
+        produced[frame.rows] = True if served_outputs is None else served_outputs > 0
         if not whole:
             rows = rows[keep]
-        tokens, outputs = tokens[rows], outputs[rows]
+        tokens, produced = tokens[rows], produced[rows]
     t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens, tau_ms)
-    produced = outputs > 0
+    every = produced is True or np.count_nonzero(produced) == len(produced)
     log_z = t.log_z[rows]
     has_z = log_z == log_z  # not NaN
     if np.count_nonzero(has_z) == len(has_z):  # every participant has a delivery history
         with_z, z, hz_produced = rows, log_z, produced
     else:
-        with_z, z, hz_produced = rows[has_z], log_z[has_z], produced[has_z]
+        with_z, z = rows[has_z], log_z[has_z]
+        hz_produced = True if every else produced[has_z]
         first = rows[~has_z & produced]  # a first burst: its delivery rate starts at publication
         t.pending_log_z[first] = np.nan
         t.has_pending[first] = True
@@ -60,7 +63,7 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
     t.pending_log_z[with_z] = z
     t.log_z[with_z] = z - delta_ms / tau_ms
     t.has_pending[with_z] = hz_produced
-    pending = rows if np.count_nonzero(produced) == len(produced) else rows[produced]
+    pending = rows if every else rows[produced]
     t.pending_fence[pending] = frame.fence
     t.pending_delta_ms[pending] = delta_ms
 

@@ -233,7 +233,8 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
         served = (frame.normalizers.normalized_service(lanes.prompt_tokens, counts) if prompt
                   else 1.0 if checked.single else counts)
-        account_interval(t, frame, served, counts, raw / 1e6, sched.policy.adaptation_ms, intact)
+        account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
+                         sched.policy.adaptation_ms, intact)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows
