@@ -7,8 +7,6 @@ one EWMA of `service.ewma_log`, on the table's columns.
 
 from __future__ import annotations
 
-from itertools import chain
-
 import numpy as np
 
 from helios.scheduler.plan import Fence
@@ -17,37 +15,55 @@ from helios.scheduler.requests import RequestTable
 from helios.scheduler.service import ewma_log
 
 
-def account_interval(table: RequestTable, frame: Frame, served_tokens: np.ndarray, served_outputs: np.ndarray,
-                     delta_ms: float, tau_ms: float) -> None:
+def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
+                     delta_ms: float, tau_ms: float, intact: bool = False) -> None:
     """One measured interval of `delta_ms`: every participant of the frame (the live requests
     at its dispatch) gets the service its lanes received (zero when unserved) folded into x.
     `served_tokens` is already normalized by the frame's commit-time reference rates
-    (`Normalizers.normalized_service`): x is a share of the machine, not tokens/ms.
+    (`Normalizers.normalized_service`): x is a share of the machine, not tokens/ms. It may be
+    the float 1.0 when every lane was served one token (ewma_log's one-per-lane form), and
+    `served_outputs` None when every lane produced output.
 
     A delivery is recorded as zero at completion; the publication of the frame's output then
-    replaces it with one (`Publications`). `served_*` are lane-aligned with the frame.
+    replaces it with one (`Publications`). `served_*` are lane-aligned with the frame. `intact`:
+    the table's turnover has not moved since commit, so every participant is still valid.
     """
     t = table
-    tokens = np.zeros(t.capacity)
-    outputs = np.zeros(t.capacity, dtype=np.int64)
-    tokens[frame.rows] = served_tokens
-    outputs[frame.rows] = served_outputs
     rows = frame.participant_rows
     # A cancelled handle cannot charge anyone, even a later request reusing its row.
-    rows = rows[t.occupied[rows] & (t.handle[rows] == frame.participant_handles)
-                & (t.epoch[rows] == frame.participant_epochs)]
-    t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens[rows], tau_ms)
-    produced = outputs[rows] > 0
-    has_z = ~np.isnan(t.log_z[rows])
-    with_z = rows[has_z]
+    keep = None if intact else (t.occupied[rows] & (t.handle[rows] == frame.participant_handles)
+                                & (t.epoch[rows] == frame.participant_epochs))
+    whole = intact or np.count_nonzero(keep) == len(keep)
+    if rows is frame.rows and whole:
+        # Commit found the lanes to be every participant (the steady state): the served columns
+        # are participant-aligned already, with no table-sized scatter and gather.
+        tokens = served_tokens
+        produced = True if served_outputs is None else served_outputs > 0
+    else:
+        tokens = np.zeros(t.capacity)
+        produced = np.zeros(t.capacity, dtype=bool)
+        tokens[frame.rows] = served_tokens
+        produced[frame.rows] = True if served_outputs is None else served_outputs > 0
+        if not whole:
+            rows = rows[keep]
+        tokens, produced = tokens[rows], produced[rows]
+    t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens, tau_ms)
+    every = produced is True or np.count_nonzero(produced) == len(produced)
+    log_z = t.log_z[rows]
+    has_z = log_z == log_z  # not NaN
+    if np.count_nonzero(has_z) == len(has_z):  # every participant has a delivery history
+        with_z, z, hz_produced = rows, log_z, produced
+    else:
+        with_z, z = rows[has_z], log_z[has_z]
+        hz_produced = True if every else produced[has_z]
+        first = rows[~has_z & produced]  # a first burst: its delivery rate starts at publication
+        t.pending_log_z[first] = np.nan
+        t.has_pending[first] = True
     # Completion records zero deliveries; the interval stays pending until published.
-    t.pending_log_z[with_z] = t.log_z[with_z]
-    t.log_z[with_z] -= delta_ms / tau_ms
-    t.has_pending[with_z] = produced[has_z]
-    first = rows[~has_z & produced]  # a first burst: its delivery rate starts at publication
-    t.pending_log_z[first] = np.nan
-    t.has_pending[first] = True
-    pending = rows[produced]
+    t.pending_log_z[with_z] = z
+    t.log_z[with_z] = z - delta_ms / tau_ms
+    t.has_pending[with_z] = hz_produced
+    pending = rows if every else rows[produced]
     t.pending_fence[pending] = frame.fence
     t.pending_delta_ms[pending] = delta_ms
 
@@ -70,23 +86,32 @@ class Publications:
         if not self.reported:
             return
         t = self.table
-        n = len(self.reported)
-        rows, fences, times = np.fromiter(chain.from_iterable(self.reported), np.int64, 3 * n).reshape(n, 3).T
+        rows, fences, times = zip(*self.reported)
         self.reported = []
-        t.last_publication_ns[rows] = times  # nondecreasing: the last report of a row wins
+        n = len(rows)
+        # Usually one frame's publications at one time: scalars then stand for whole columns.
+        fence = fences[0] if fences.count(fences[0]) == n else np.fromiter(fences, np.int64, n)
+        time = times[0] if times.count(times[0]) == n else np.fromiter(times, np.int64, n)
+        rows = np.fromiter(rows, np.int64, n)
+        t.last_publication_ns[rows] = time  # nondecreasing: the last report of a row wins
         t.has_publication[rows] = True
-        rows = rows[t.has_pending[rows] & (t.pending_fence[rows] == fences)]
+        rows = rows[t.has_pending[rows] & (t.pending_fence[rows] == fence)]
         if not len(rows):
             return
-        if len(rows) > 1:
-            rows = np.fromiter(dict.fromkeys(rows.tolist()), np.int64)  # a pending delivery resolves once
+        # A row reported twice for its pending fence resolves to the same values twice (every
+        # value below is computed before any is stored): the delivery still counts once.
         t.has_pending[rows] = False
         before = t.pending_log_z[rows]
-        delta = t.pending_delta_ms[rows]
         first = np.isnan(before)
+        # One fence: one frame's interval, so every resolved row has the same pending delta (a
+        # scalar delta lets ewma_log reuse its terms; elementwise, the values are the same).
+        single = type(fence) is int
+        delta = t.pending_delta_ms.item(rows[0]) if single else t.pending_delta_ms[rows]
         # The first burst is one delivery over its frame; later ones fold one delivery in.
         if np.count_nonzero(first):
-            t.log_z[rows[first]] = -np.log(delta[first])
+            t.log_z[rows[first]] = -np.log(t.pending_delta_ms[rows[first]])
             later = ~first
-            rows, before, delta = rows[later], before[later], delta[later]
+            rows, before = rows[later], before[later]
+            if not single:
+                delta = delta[later]
         t.log_z[rows] = ewma_log(before, delta, 1.0, self.tau_ms)

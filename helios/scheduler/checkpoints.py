@@ -133,8 +133,7 @@ class StateOperations:
                     result.append(GeneratedToken(h, fence, cap.tail, cap.reason, False))
                 elif t.phase[row := t.index[h]] == DECODE:  # not cancelled meanwhile
                     release(row)
-                    t.epoch[row] += 1  # the restore binds the state to a fresh generation
-                    t.version[row] += 1
+                    t.rebind(row)  # the restore binds the state to a fresh generation
                     self.restoring[h] = _state_tokens(t, row)
         for g in out:
             if g.finish is None:

@@ -4,7 +4,7 @@ accounting and progress, vectorized over the frame's lanes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import chain
+from itertools import chain, compress, repeat
 
 import numpy as np
 
@@ -43,9 +43,15 @@ class Checked:
 
     frame: Frame
     records: list
+    tokens: list  # each lane's token tuple, as plain ints
     token_counts: np.ndarray
-    eos: np.ndarray
-    plain_ints: bool  # every token is a Python int: records' tuples can be handed on as they are
+    eos: np.ndarray | None  # None: no lane reported eos (the usual case)
+    prompt: bool  # some lane consumed prompt tokens
+    all_produced: bool  # every lane committed at least one token
+    single: bool  # every lane committed exactly one token (a plain decode step)
+
+
+_RECORD, _TUPLE, _INT = frozenset((CompletionRecord,)), frozenset((tuple,)), frozenset((int,))
 
 
 def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, records, timing,
@@ -67,34 +73,51 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
     speculative = kind is GraphKind.SPECULATIVE
     # Rows whose token count is an accepted prefix: speculative rounds and wider mixed decode rows.
     rounds = speculative or (kind is GraphKind.MIXED and head.plan.shape.token_capacity > 1)
-    live = table.phase[head.rows] != DONE
     records = list(records)
-    fast = {type(r) for r in records} <= {CompletionRecord}
+    live = None  # phase column at the lanes' rows, read only where a check needs it
+    # The common case, checked on whole columns with C-level builtins: CompletionRecords with
+    # tuples of nonnegative ints, the lanes' handles, epochs and prompt tokens, and token counts
+    # that fit the lanes. Anything else takes the lane-by-lane checks (_first_problem).
+    fast = set(map(type, records)) <= _RECORD
     if fast:
         tokens = [r.tokens for r in records]
-        fast = ({type(t) for t in tokens} <= {tuple}
+        fast = (set(map(type, tokens)) <= _TUPLE
                 and [r.handle for r in records] == lanes.handle.tolist()
                 and [r.epoch for r in records] == lanes.epoch.tolist()
                 and [r.prompt_tokens for r in records] == lanes.prompt_tokens.tolist())
-    plain = False
     if fast:
         flat = list(chain.from_iterable(tokens))
-        plain = {type(t) for t in flat} <= {int} and (not flat or min(flat) >= 0)
-        counts = np.fromiter(map(len, tokens), np.int64, len(tokens))
-        eos = np.fromiter((r.eos for r in records), bool, len(records))
-        rows = lanes.output_rows
-        # count_nonzero, not .any(): a reduction's dispatch costs several times more at these sizes.
-        fast = plain and not np.count_nonzero(eos & (counts == 0)) and (
-            rounds or not np.count_nonzero((counts > rows) | (live & (counts != rows))))
-    if not fast:
+        counts = list(map(len, tokens))
+        eos = [r.eos for r in records]
+        any_eos = any(eos)
+        fast = (set(map(type, flat)) <= _INT and (not flat or min(flat) >= 0)
+                and not (any_eos and any(e and not c for e, c in zip(eos, counts))))  # eos needs a token
+        rows = lanes.output_rows.tolist()
+        if fast and not rounds and counts != rows:
+            # A lane finished or cancelled in flight may return fewer tokens than its rows.
+            live = (table.phase[head.rows] != DONE).tolist()
+            fast = all(c <= r and (c == r or not l) for c, r, l in zip(counts, rows, live))
+    if fast:
+        single = counts.count(1) == len(counts)
+        all_produced = single or 0 not in counts
+        # Usually one token per output row: the plan's column is the count column.
+        counts = lanes.output_rows if counts == rows else np.fromiter(counts, np.int64, len(counts))
+        eos = np.fromiter(eos, bool, len(eos)) if any_eos else None
+    else:
+        live = table.phase[head.rows] != DONE
         _first_problem(lanes, records, live, rounds)  # raises, unless only the types differ
+        tokens = [tuple(map(int, r.tokens)) for r in records]
         counts = np.fromiter((len(r.tokens) for r in records), np.int64, len(records))
         eos = np.fromiter((r.eos for r in records), bool, len(records))
-    if speculative:
-        for lane, rec, is_live in zip(lanes, records, live.tolist()):
-            _validate_round(head.plan, lane, rec, is_live, survival)
-    elif kind is GraphKind.MIXED:
-        _validate_mixed(head.plan, lanes, records, live, survival)
+        all_produced = bool(np.count_nonzero(counts) == len(counts))
+        single = all_produced and bool(np.count_nonzero(counts == 1) == len(counts))
+    if speculative or kind is GraphKind.MIXED:
+        live = table.phase[head.rows] != DONE if live is None else np.asarray(live)
+        if speculative:
+            for lane, rec, is_live in zip(lanes, records, live.tolist()):
+                _validate_round(head.plan, lane, rec, is_live, survival)
+        else:
+            _validate_mixed(head.plan, lanes, records, live, survival)
     if head.plan.device_allocation:
         if confidence is None:
             raise InvalidCompletion("a device-allocated speculative round completes through complete_packed_round")
@@ -105,7 +128,8 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         _validate_sidecars(confidence, sidecar_shape)
     if survival is not None and not rounds:
         raise InvalidCompletion("survival rows belong to speculative rounds")
-    return Checked(head, records, counts, eos, plain)
+    return Checked(head, records, tokens, counts, eos, bool(np.count_nonzero(lanes.prompt_tokens)),
+                   all_produced, single)
 
 
 def _first_problem(lanes, records, live, speculative) -> None:
@@ -182,65 +206,92 @@ def _validate_sidecars(confidence, shape) -> None:
 
 
 def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
-                     confidence=None, survival=None) -> list[GeneratedToken]:
+                     confidence=None, survival=None) -> tuple[list[GeneratedToken], bool]:
+    """Apply a validated completion. Returns the tokens to publish, and whether some lane of the
+    frame is done (cancelled before, or finished now): only then can a lane's row retire."""
     frame, records, counts = checked.frame, checked.records, checked.token_counts
     now, t = sched.now_ns, sched.requests
     plan, shape = frame.plan, frame.plan.shape
     lanes, rows = plan.lanes, frame.rows
+    # Nothing finished or was rebound since commit: every lane is live in its planned epoch and
+    # every participant still holds its request (RequestTable.turnover).
+    intact = frame.turnover == t.turnover
+    interval = timing.device_interval_ns()
     sched.costs.observe(shape, timing.cost_sample_ns(), now)
-    raw = timing.device_interval_ns()
+    raw = interval
     if frame.isolated and timing.wall_ns:
         raw = max(raw or 0, timing.wall_ns)
     sched.stats.record(frame, raw)
-    sched.exploration.completed(frame.reason, frame.fence, raw, timing.device_interval_ns() is not None,
-                                plan.estimated_duration_ns)
+    sched.exploration.completed(frame.reason, frame.fence, raw, interval is not None, plan.estimated_duration_ns)
     rounds = shape.kind is GraphKind.SPECULATIVE or (shape.kind is GraphKind.MIXED and shape.token_capacity > 1)
     if rounds:
         sched.stats.speculative_programs += 1
+    prompt = checked.prompt
     # Each successful frame with a positive device interval is one measured interval.
-    if timing.device_interval_ns() is not None:
-        account_interval(t, frame, frame.normalizers.normalized_service(lanes.prompt_tokens, counts), counts,
-                         raw / 1e6, sched.policy.adaptation_ms)
-    prompt = np.count_nonzero(lanes.prompt_tokens) > 0
+    if interval is not None:
+        # Without prompt tokens the normalized service is the token counts (0 * r_d/r_p + count,
+        # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
+        served = (frame.normalizers.normalized_service(lanes.prompt_tokens, counts) if prompt
+                  else 1.0 if checked.single else counts)
+        account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
+                         sched.policy.adaptation_ms, intact)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows
     t.inflight[rows] -= 1
     t.version[rows] += 1
     # Cancelled or already finished lanes: their results are discarded.
-    act = (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
-    if np.count_nonzero(act) == len(act):
-        r, n, lane_index = rows, counts, range(len(rows))
+    act = None if intact else (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
+    whole = intact or np.count_nonzero(act) == len(act)
+    if whole:
+        r, n, lane_index = rows, counts, None
     else:
         r, n, lane_index = rows[act], counts[act], act.nonzero()[0].tolist()
-    first = (t.output_done[r] == 0) & (n > 0)
+    produced = None if checked.all_produced else n > 0  # None: every lane produced
+    before = t.output_done[r]
+    first = before == 0
+    if produced is not None:
+        first &= produced
     if prompt:
-        t.prompt_done[r] += lanes.prompt_tokens[act]
-    t.output_done[r] += n
-    provisional = r[(n > 0) & ~t.has_publication[r]]  # provisional until the runtime publishes
-    t.last_publication_ns[provisional] = now
-    t.has_publication[provisional] = True
-    eos = checked.eos[act]
-    length = t.output_done[r] >= t.max_output[r]
-    context = t.prompt_done[r] + t.output_done[r] >= sched.config.max_context
-    finishing = eos | length | context
-    finished = finishing.nonzero()[0].tolist()
+        t.prompt_done[r] += lanes.prompt_tokens if whole else lanes.prompt_tokens[act]
+    after = before + n  # rows of a frame are distinct: a store, not a fancy +=
+    t.output_done[r] = after
+    unpublished = ~t.has_publication[r]
+    if produced is not None:
+        unpublished &= produced
+    if np.count_nonzero(unpublished):
+        provisional = r[unpublished]  # provisional until the runtime publishes
+        t.last_publication_ns[provisional] = now
+        t.has_publication[provisional] = True
+    length = after >= t.max_output[r]
+    finishing = length | (t.prompt_done[r] + after >= sched.config.max_context)
+    eos = checked.eos
+    if eos is not None:
+        eos = eos if whole else eos[act]
+        finishing |= eos
+    finished = finishing.nonzero()[0].tolist() if np.count_nonzero(finishing) else ()
     for i in finished:
-        reason = FinishReason.EOS if eos[i] else FinishReason.LENGTH if length[i] else FinishReason.CONTEXT
+        reason = (FinishReason.EOS if eos is not None and eos[i] else FinishReason.LENGTH if length[i]
+                  else FinishReason.CONTEXT)
         t.set_finish(int(r[i]), reason)
     if finished or prompt:  # only a finish or prompt progress moves a phase
         t.update_phase(r)
-    rl = r.tolist()
     if rounds:
-        for j, row in zip(lane_index, rl):
+        for j, row in zip(lane_index or range(len(r)), r.tolist()):
             if not lanes.prompt_tokens[j]:  # a mixed graph's prompt row learns no acceptance
                 _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
-    fence, finish, plain = frame.fence, t.finish, checked.plain_ints
-    return [GeneratedToken(h, fence, records[j].tokens if plain else tuple(map(int, records[j].tokens)),
-                           finish[row], fi)
-            for h, j, row, fi, e in zip(t.handle[r].tolist(), lane_index, rl, first.tolist(),
-                                        ((n > 0) | finishing).tolist())
-            if e]
+    handles, tokens = lanes.handle, checked.tokens
+    if lane_index is not None:
+        handles, tokens = handles[act], [tokens[j] for j in lane_index]
+    # A live lane has no finish reason until set_finish gives it one (which makes it done).
+    finishes = map(t.finish.__getitem__, r.tolist()) if finished else repeat(None)
+    # GeneratedTokens built by tuple.__new__ over zipped columns: a named tuple's own __new__
+    # is a Python call per lane.
+    out = map(tuple.__new__, repeat(GeneratedToken), zip(
+        handles.tolist(), repeat(frame.fence), tokens, finishes, first.tolist()))
+    if produced is not None:  # a lane that produced nothing publishes only its finish
+        out = compress(out, (produced | finishing).tolist())
+    return list(out), not whole or bool(finished)
 
 
 def _learn_round(sched, frame, lane, rec, row: int, confidence, survival) -> None:

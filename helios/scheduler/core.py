@@ -140,8 +140,7 @@ class Scheduler:
         t.cancelled[row] = True
         t.set_finish(row, reason)
         t.update_phase([row])
-        t.epoch[row] += 1
-        t.version[row] += 1
+        t.rebind(row)
         self.state.forget(handle)
         self._retire_idle([row])
 
@@ -322,14 +321,16 @@ class Scheduler:
                 raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
             if not plan.requires_feedback:
                 plan = replace(plan, requires_feedback=True, stale_cost=True)
-        index = t.index
-        found = [index.get(h) for h in lanes.handle.tolist()]
-        if None in found:
-            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable")
-        rows = np.array(found, dtype=np.int64)
+        handles = lanes.handle.tolist()
+        found = list(map(t.index.get, handles))
+        try:
+            rows = np.fromiter(found, np.int64, len(found))
+        except TypeError:  # a None: the request retired (cheaper than searching for None first)
+            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
         done = t.phase[rows] == DONE
-        if plan.shape.kind is GraphKind.SNAPSHOT:  # terminal captures retire through this graph
-            done &= ~np.array([self.state.holds(h) for h in lanes.handle.tolist()], dtype=bool)
+        snapshot = plan.shape.kind is GraphKind.SNAPSHOT
+        if snapshot:  # terminal captures retire through this graph
+            done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
         bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
         if np.count_nonzero(bad):
             i = int(np.argmax(bad))
@@ -348,18 +349,27 @@ class Scheduler:
         start = self.queue.expected_end_ns(now)
         end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
         self._decisions += 1
-        t.queued_prompt[rows] += lanes.prompt_tokens
+        if np.count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
+            t.queued_prompt[rows] += lanes.prompt_tokens
         t.queued_output[rows] += lanes.output_rows
         t.inflight[rows] += 1
         t.version[rows] += 1
         t.last_served_seq[rows] = self._decisions
-        participants = (t.phase != DONE).nonzero()[0]  # resident runnable and waiting
+        live = t.phase != DONE  # participants: resident runnable and waiting
+        if not snapshot and np.count_nonzero(live) == len(found) and len(set(found)) == len(found):
+            # The lanes are every live request (the steady state; none is done, so they are
+            # live): the lane rows, handles and epochs are the participants', and completion's
+            # accounting needs no table-sized scatter (account_interval).
+            participants, p_handles, p_epochs = rows, lanes.handle, lanes.epoch
+        else:
+            participants = live.nonzero()[0]
+            p_handles, p_epochs = t.handle[participants], t.epoch[participants]
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
-                              t.handle[participants], t.epoch[participants], self._normalizers()))
+                              p_handles, p_epochs, self._normalizers(), None if snapshot else t.turnover))
         self._last_fence = fence
         credits = self.exploration.credits()
         self.exploration.committed(plan.shape, plan.reason, fence, now)
-        self.traces.append(PlanTrace(fence, plan.shape, plan.handles, plan.estimated_duration_ns,
+        self.traces.append(PlanTrace(fence, plan.shape, tuple(handles), plan.estimated_duration_ns,
                                      self.costs.observation_age_ns(plan.shape, now), plan.reason,
                                      plan.score, plan.log_scale, now, refresh_credit_ns=credits.timing_refresh_ns,
                                      learning_credit_ns=credits.acceptance_learning_ns))
@@ -387,14 +397,17 @@ class Scheduler:
 
     def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
         checked = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
-                                      self.sidecar_shape())
+                                      None if confidence is None else self.sidecar_shape())
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
-        out = apply_completion(self, checked, timing, confidence, survival)
+        out, some_done = apply_completion(self, checked, timing, confidence, survival)
         if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
             out = self._complete_state(checked.frame.plan, fence, timing, out)
-        self._retire_idle(checked.frame.rows)
-        if not len(self.queue) and not np.count_nonzero(self.requests.phase != DONE):
+        rows = checked.frame.rows
+        if some_done or self.state.enabled:  # else every lane is still live: none can retire
+            self._retire_idle(rows)
+        # A lane still live is something left to run (state operations end no request).
+        if not len(self.queue) and (some_done or not len(rows)) and not np.count_nonzero(self.requests.phase != DONE):
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
 

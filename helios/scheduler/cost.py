@@ -108,7 +108,7 @@ class CostTable:
         if sample_ns is None or sample_ns <= 0:
             return False
         e = self.entry(shape)
-        if e.estimate_ns <= 0 or self.state(shape, now_ns) is CostState.STALE:
+        if e.estimate_ns <= 0 or now_ns - e.last_valid_ns > self.ttl_ns:  # unknown or stale (`state`)
             # First observation, or first after staleness, replaces the estimate directly.
             e.samples.clear()
         e.samples.append(int(sample_ns))

@@ -26,12 +26,17 @@ class Frame:
     expected_end_ns: int | None  # None while the duration is indeterminate
     isolated: bool  # nothing else was in flight at dispatch
     rows: np.ndarray  # table row of each lane
-    participant_rows: np.ndarray  # live requests at dispatch: row, handle and epoch
+    # Live requests at dispatch: row, handle and epoch. When the lanes are every live request,
+    # participant_rows is `rows` itself (lane order) and the handles and epochs the lanes'.
+    participant_rows: np.ndarray
     participant_handles: np.ndarray
     participant_epochs: np.ndarray
     # The token normalizers of the measured catalog at commit (spec, "Service accounting"): this
     # frame's service is counted in them, whatever is measured by the time it completes.
     normalizers: Normalizers = PHYSICAL
+    # The table's turnover at commit when every lane was live (None: a snapshot's terminal
+    # captures may be done): unchanged at completion, nothing of the frame finished or was rebound.
+    turnover: int | None = None
 
     @property
     def expected_ms(self) -> float | None:

@@ -80,6 +80,11 @@ class RequestTable:
         self.specs: list[RequestSpec | None] = []
         self.finish: list[FinishReason | None] = []
         self._free: list[int] = []
+        # Bumped whenever a request finishes or is rebound to a new epoch (set_finish, rebind): the
+        # only ways a live request stops being live, or a row stops holding the request it held
+        # (a row is freed only when done). A frame committed at the current turnover still has
+        # every lane live and every participant valid, and completion skips checking them.
+        self.turnover = 0
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -200,6 +205,13 @@ class RequestTable:
     def set_finish(self, row: int, reason: FinishReason) -> None:
         self.finish[row] = reason
         self.finished[row] = True
+        self.turnover += 1
+
+    def rebind(self, row: int) -> None:
+        """A fresh epoch: results and plans of the old one no longer apply to the row."""
+        self.epoch[row] += 1
+        self.version[row] += 1
+        self.turnover += 1
 
     def update_phase(self, rows) -> None:
         rows = np.asarray(rows, dtype=np.int64)

@@ -58,8 +58,12 @@ def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
     if type(served) is float and served == 1.0:  # one delivery each (a publication): log 1 = 0
         return np.logaddexp(np.subtract(log_rate, decay), log_keep)
     served = np.asarray(served, dtype=float)
-    log_served = np.full(served.shape, NEG_INF)  # log 0, without a divide-by-zero warning
-    np.log(served, out=log_served, where=served > 0)
+    positive = served > 0
+    if np.count_nonzero(positive) == positive.size:  # all served: no log 0 to mask (a masked log is slow)
+        log_served = np.log(served)
+    else:
+        log_served = np.full(served.shape, NEG_INF)  # log 0, without a divide-by-zero warning
+        np.log(served, out=log_served, where=positive)
     return np.logaddexp(np.subtract(log_rate, decay), log_keep + log_served)
 
 

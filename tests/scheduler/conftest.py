@@ -133,7 +133,7 @@ def table_digest(t):
     spec_states = [(c.means.tobytes(), c.weights.tobytes(), c.generated.tobytes(), c.has.tobytes())
                    for c in t.speculation._all()]
     return (sorted(columns.items()), repr(t.specs), repr(t.finish), spec_states, sorted(t.index.items()),
-            list(t._free), t.capacity)
+            list(t._free), t.capacity, t.turnover)
 
 
 def digest(s: Scheduler):
