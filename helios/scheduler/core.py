@@ -199,7 +199,7 @@ class Scheduler:
         return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
                 + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode,
                                      self._coeff(), view.log_scale, view.waiting, budget, pages,
-                                     view.prefill.get(GraphKind.PREFILL, (None,))[0]))
+                                     view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
 
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""

@@ -112,11 +112,14 @@ def snapshot_candidates(ops: StateOperations, t: RequestTable, costs, log_scale:
 
 def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, decode_shapes,
                        coeff: PriceCoefficients, log_scale: float, waiting: float, budget: Budget,
-                       pages_of, ready_pool: LanePool | None = None) -> list[Candidate]:
+                       pages_of, ready_pool: LanePool | None = None,
+                       ready_decoders: LanePool | None = None) -> list[Candidate]:
     """Pending restores that can get a slot and their page extent now. With a measured restore
-    and a measured following prefill, the cohort and score are the exact two-stage choice
-    (lookahead.py; `ready_pool`: the prefill lanes already ready to share that graph); otherwise
-    lanes rank by the continuation index."""
+    and a measured following graph, the cohort and score are the exact two-stage choice over
+    every (restore, prefill) and (restore, decode) pair (lookahead.py): a restored prompt
+    continues in a prefill chunk, a preempted decoder in a decode batch. `ready_pool` and
+    `ready_decoders` are the prefill and decode lanes already ready to share that graph.
+    Otherwise lanes rank by the continuation index."""
     handles = [h for h in ops.restoring if t.slot[t.index[h]] == NO_SLOT and t.inflight[t.index[h]] == 0]
     if not handles or not ops.restore_shapes or budget.free_slots < 1:
         return []
@@ -145,7 +148,8 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     # Each restored request takes a slot and its page extent: keep the cohort within the budget.
     cands = _cohorts(ops.restore_shapes, costs, rows, pool, ranking, 0.0, waiting, value_of, pages_of(rows), budget)
     for c in cands:
-        _exact_pair(c, pool, costs, prefill_shapes, lp - log_scale, lo - log_scale, left, ready_pool, waiting)
+        _exact_pair(c, pool, costs, prefill_shapes, decode_shapes, lp - log_scale, lo - log_scale, left,
+                    ready_pool, ready_decoders, waiting)
     return cands
 
 
@@ -156,10 +160,11 @@ def _chunk_values(log_prefill, log_first, left, chunk: int) -> np.ndarray:
     return np.where(left > 0, np.exp(log_prefill) * work + np.where(work == left, np.exp(log_first), 0.0), 0.0)
 
 
-def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, log_prefill, log_first, left,
-                ready_pool: LanePool | None, waiting: float) -> None:
+def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode_shapes, log_prefill, log_first,
+                left, ready_pool: LanePool | None, ready_decoders: LanePool | None, waiting: float) -> None:
     """Replace a restore candidate's continuation-index score by the best exact two-stage
-    sequence over every measured following prefill shape. The plan keeps the restore's T."""
+    sequence over every measured following prefill and decode shape. The plan keeps the
+    restore's T."""
     if c.t_ms is None or c.cost_state is CostState.UNKNOWN:
         return
     cap = len(c.members)
@@ -176,6 +181,21 @@ def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, log_pr
         choice = two_stage(newly, ready, (), cap, sh.batch_capacity, c.t_ms, f_ms, waiting)
         if choice is not None and choice.sequence and (best is None or choice.score > best.score):
             best, best_order = choice, ranked_lanes(newly, pool.lru, pool.slots)
+    # A preempted decoder (no prompt left) continues with one output token in a decode batch
+    # shared with the decoders already running; a restored prompt cannot join that graph.
+    resumed = (left == 0).nonzero()[0]
+    for sh in decode_shapes if len(resumed) else ():
+        f_ms, state = costs(sh)
+        if f_ms is None or state is CostState.UNKNOWN:
+            continue
+        newly = np.exp(log_first[resumed])  # one output token each (its delivery has no history)
+        ready = np.zeros(0)
+        if ready_decoders is not None and len(ready_decoders.handles):
+            # A running decoder served at the sequence's end: its value and age credit over T + F.
+            ready = ready_decoders.base + ready_decoders.age_slope * (c.t_ms + f_ms)
+        choice = two_stage(newly, ready, (), cap, sh.batch_capacity, c.t_ms, f_ms, waiting)
+        if choice is not None and choice.sequence and (best is None or choice.score > best.score):
+            best, best_order = choice, resumed[ranked_lanes(newly, pool.lru[resumed], pool.slots[resumed])]
     if best is None:
         return
     c.members = best_order[: best.newly]

@@ -194,3 +194,39 @@ def _submit_cached(sched, d, cached, n):
     from helios.runtime.driver import DriverRequest
     d.requests[h] = DriverRequest(tuple(range(70)), d.now())
     return h
+
+
+# ---- restore -> decode lookahead ----------------------------------------------------------------
+def _preempted_with_running_decoders(restore_ms: float):
+    """Three running decoders and one preempted decoder whose snapshot completed: the next plan
+    chooses between decoding the three now and restoring the fourth to share a decode batch."""
+    table = {**TABLE, REST: restore_ms}
+    s = make(table, config=SchedulerConfig(request_slots=4))
+    handles = [s.admit(spec(prompt=64, out=40), 0) for _ in range(4)]
+    fence = 0
+    while any(s.request_row(h).output_done == 0 for h in handles):
+        fence += 1
+        step(s, s.plan(), fence)
+    s.preempt(handles[0], s.now_ns)
+    while s.state.captures:  # the snapshot (and any decode frames before it)
+        fence += 1
+        step(s, s.plan(), fence)
+    assert handles[0] in s.state.restoring
+    return s
+
+
+def test_restore_joins_a_shared_decode_batch_only_with_enough_value_per_time():
+    """The spec's sweep for a (restore, decode) pair: restoring a preempted decoder so that it
+    shares the following decode batch wins while the restore is cheap, and loses once its cost
+    makes the whole sequence's value per time worse than decoding the running three now. The
+    winner switches once along the sweep, and a restore plan keeps its own physical T."""
+    kinds = []
+    for restore_ms in np.geomspace(0.05, 400.0, 16):
+        s = _preempted_with_running_decoders(float(restore_ms))
+        p = s.plan()
+        kinds.append(p.shape.kind)
+        if p.shape.kind is GraphKind.RESTORE:
+            assert p.estimated_duration_ns == int(restore_ms * MS)  # lookahead never enters timing
+    assert kinds[0] is GraphKind.RESTORE and kinds[-1] is GraphKind.DECODE
+    switch = kinds.index(GraphKind.DECODE)
+    assert all(k is GraphKind.DECODE for k in kinds[switch:])
