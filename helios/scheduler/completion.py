@@ -254,7 +254,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         first &= produced
     if prompt:
         t.prompt_done[r] += lanes.prompt_tokens if whole else lanes.prompt_tokens[act]
-    after = before + n  # rows of a frame are distinct: a store, not a fancy +=
+    after = before + n  # what `+=` would store, without gathering the column a second time
     t.output_done[r] = after
     unpublished = ~t.has_publication[r]
     if produced is not None:
