@@ -122,7 +122,7 @@ def test_no_module_outside_the_schedulers_reads_scheduler_internals():
 # The decisions and their outcomes: only the step loop plans, commits, completes and reports
 # publications, so every host follows its one detach rule and one publication rule.
 STEP_CALLS = {"plan", "commit", "complete", "complete_with_survival", "complete_packed_round",
-              "complete_packed_round_with_survival", "published_output"}
+              "complete_packed_round_with_survival", "published_output", "published_outputs"}
 STEP_LOOP = HELIOS / "runtime" / "step.py"
 # The overhead bench times these calls one by one on a bare scheduler (owned by the
 # scheduler-internal half of issue 9, which may move it onto the step loop).

@@ -9,9 +9,10 @@ scheduler is told, and when, is decided here, once:
 - finish: hand the core's Execution to the matching complete* call, give each burst to the
   host's publisher, and report `published_output` for the bursts it made visible;
 - publication rule: `published_output(handle, fence)` is reported exactly when the host made
-  some of the burst visible to its client, right after it did so and before any other
-  completion is processed (the spec: "the first successful visible publication"), at the
-  host's publication time. A burst whose only token is the terminating EOS shows nothing;
+  some of the burst visible to its client, right after the frame's bursts were shown and before
+  any other completion is processed (the spec: "the first successful visible publication"), at
+  the host's publication time; a frame's visible bursts are reported in one
+  `published_outputs` call. A burst whose only token is the terminating EOS shows nothing;
 - detach rule: a request attached to the core is detached once it has ended on the host
   (finished, cancelled or failed) and the scheduler no longer holds it (`not is_live`), i.e.
   when no queued frame can still name it.
@@ -105,12 +106,15 @@ class StepLoop:
         and returns whether it made anything visible. InvalidCompletion leaves all state as it
         was (resolve the frame with `fail`)."""
         out = complete(self.scheduler, fence, result)
+        visible = []
         for g in out:
             if g.finish is not None:
                 self._ended.add(g.handle)
             if publish(g):
-                self.now()
-                self.scheduler.published_output(g.handle, fence)
+                visible.append(g.handle)
+        if visible:  # reported together, at the time the last of them was shown
+            self.now()
+            self.scheduler.published_outputs(visible, fence)
         self.detach_retired()
         return out
 

@@ -7,6 +7,8 @@ one EWMA of `service.ewma_log`, on the table's columns.
 
 from __future__ import annotations
 
+from itertools import chain
+
 import numpy as np
 
 from helios.scheduler.plan import Fence
@@ -76,8 +78,8 @@ class Publications:
     def __init__(self, table: RequestTable, tau_ms: float):
         self.table = table
         self.tau_ms = tau_ms
-        # (row, fence, time) in report order; the scheduler appends to it directly.
-        self.reported: list[tuple[int, Fence, int]] = []
+        # (rows, fence, time) batches in report order; the scheduler appends to it directly.
+        self.reported: list[tuple[list[int], Fence, int]] = []
 
     def flush(self) -> None:
         """Publication resets the output age; the publication of the frame a request's pending
@@ -86,13 +88,18 @@ class Publications:
         if not self.reported:
             return
         t = self.table
-        rows, fences, times = zip(*self.reported)
-        self.reported = []
-        n = len(rows)
+        batches, self.reported = self.reported, []
         # Usually one frame's publications at one time: scalars then stand for whole columns.
-        fence = fences[0] if fences.count(fences[0]) == n else np.fromiter(fences, np.int64, n)
-        time = times[0] if times.count(times[0]) == n else np.fromiter(times, np.int64, n)
-        rows = np.fromiter(rows, np.int64, n)
+        _, fence, time = batches[0]
+        if len(batches) == 1:
+            rows = np.fromiter(batches[0][0], np.int64, len(batches[0][0]))
+        else:
+            sizes = [len(b[0]) for b in batches]
+            rows = np.fromiter(chain.from_iterable(b[0] for b in batches), np.int64, sum(sizes))
+            if any(b[1] != fence for b in batches):
+                fence = np.repeat(np.fromiter((b[1] for b in batches), np.int64, len(batches)), sizes)
+            if any(b[2] != time for b in batches):
+                time = np.repeat(np.fromiter((b[2] for b in batches), np.int64, len(batches)), sizes)
         t.last_publication_ns[rows] = time  # nondecreasing: the last report of a row wins
         t.has_publication[rows] = True
         rows = rows[t.has_pending[rows] & (t.pending_fence[rows] == fence)]

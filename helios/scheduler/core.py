@@ -465,11 +465,19 @@ class Scheduler:
     def published_output(self, handle: RequestHandle, fence: Fence) -> None:
         """Output of `fence` for `handle` reached the client: resets its output age, and turns
         that frame's zero delivery into one (applied before the table is next read)."""
-        row = self.requests.index.get(handle)
-        if row is None:
-            if handle in self._retired_set:
-                return
-            raise UnknownRequest(f"unknown request handle {handle}")
+        self.published_outputs((handle,), fence)
+
+    def published_outputs(self, handles, fence: Fence) -> None:
+        """`published_output(h, fence)` for each of `handles`, in order, in one call: a frame's
+        bursts are usually published together. Checked before anything is recorded: an unknown
+        handle raises and records none of them (a retired one is skipped, as alone)."""
         if type(fence) is not int:
             raise InvalidRequest(f"a publication names an integer fence, got {fence!r}")
-        self.publications.reported.append((row, fence, self.now_ns))
+        rows = list(map(self.requests.index.get, handles))
+        if None in rows:
+            known = [r is not None or h in self._retired_set for h, r in zip(handles, rows)]
+            if not all(known):
+                raise UnknownRequest(f"unknown request handle {handles[known.index(False)]}")
+            rows = [r for r in rows if r is not None]
+        if rows:
+            self.publications.reported.append((rows, fence, self.now_ns))

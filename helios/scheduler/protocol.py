@@ -58,6 +58,8 @@ class SchedulerProtocol(Protocol):
     def complete_packed_round_with_survival(self, fence: Fence, records: Sequence, timing: ExecutionTiming,
                                             confidence, survival) -> list[GeneratedToken]: ...
     def published_output(self, handle: RequestHandle, fence: Fence) -> None: ...
+    def published_outputs(self, handles: Sequence[RequestHandle], fence: Fence) -> None:
+        """published_output for each handle, in order, in one call (a frame's visible bursts)."""
 
     def is_live(self, handle: RequestHandle) -> bool:
         """True while the scheduler still holds the handle: admitted and not yet retired."""

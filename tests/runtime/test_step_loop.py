@@ -31,9 +31,12 @@ class Spy:
 
     def __getattr__(self, name):
         attr = getattr(self.inner, name)
-        if name.startswith("complete") or name == "published_output":
+        if name.startswith("complete") or name.startswith("published_output"):
             def record(*args):
-                self.calls.append((name, args[:2] if name == "published_output" else args[0]))
+                if name == "published_outputs":  # a batch: one published_output per handle, in order
+                    self.calls += [("published_output", (h, args[1])) for h in args[0]]
+                else:
+                    self.calls.append((name, args[:2] if name == "published_output" else args[0]))
                 return attr(*args)
             return record
         return attr

@@ -113,3 +113,51 @@ def test_a_catalog_without_prefill_graphs_is_legal_and_admission_says_why_it_can
                     first_token=np.zeros(1), prompt_left=np.array([5]), to_endpoint=np.array([5]),
                     resident=np.array([False]), pages=np.array([1]))
     assert prefill_candidates((), None, pool, 0.0, Budget(1, 1)) == []
+
+
+def test_a_batch_of_publications_is_the_same_as_one_call_per_handle():
+    """published_outputs(handles, fence) == published_output(h, fence) for each h, in order;
+    an unknown handle raises before anything is recorded, a retired one is skipped."""
+    from helios.errors import UnknownRequest
+    from conftest import digest
+
+    def run(batched: bool, mixed_times: bool):
+        s = make(TABLE, config=SchedulerConfig(request_slots=4, kv_pages=512))
+        hs = [s.admit(spec(out=20), 0) for _ in range(3)]
+        d = Driver(s, FixedCosts(TABLE))
+        d.run(4)
+        p = s.plan()
+        fence = d.fence + 1
+        step(s, p, fence, publish=False)
+        order = [hs[2], hs[0], hs[2], hs[1]]  # a repeat, out of admission order
+        if batched:
+            s.published_outputs(order[:2], fence)
+            if mixed_times:
+                s.advance_to(s.now_ns + MS)
+            s.published_outputs(order[2:], fence)
+        else:
+            for i, h in enumerate(order):
+                if mixed_times and i == 2:
+                    s.advance_to(s.now_ns + MS)
+                s.published_output(h, fence)
+        s.request_row(hs[0])  # flushes
+        return s, hs, fence
+
+    for mixed_times in (False, True):
+        one, _, _ = run(False, mixed_times)
+        batch, hs, fence = run(True, mixed_times)
+        assert digest(one) == digest(batch)
+        # The last report of a row sets its publication time (the one-call path shares the flush,
+        # so check the times themselves too).
+        t1 = batch.now_ns
+        t0 = t1 - MS if mixed_times else t1
+        assert [batch.request_row(h).last_publication_ns for h in hs] == [t0, t1, t1]
+    before = digest(batch)
+    with pytest.raises(UnknownRequest):
+        batch.published_outputs([hs[0], 999], fence)
+    assert digest(batch) == before  # nothing of the batch was recorded
+    with pytest.raises(InvalidRequest):
+        batch.published_outputs([hs[0]], "fence")
+    batch.cancel(hs[1], batch.now_ns)  # nothing in flight: retired at once
+    batch.published_outputs([hs[1], hs[0]], fence)  # the retired handle is skipped
+    assert batch.request_row(hs[0]).last_publication_ns == batch.now_ns
