@@ -19,7 +19,7 @@ from helios.scheduler.exploration import Exploration
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
 from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.plan import (
-    NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, PlanTrace,
+    NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken,
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
 from helios.scheduler.planning import PlanningView, build_view
@@ -34,6 +34,7 @@ from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.service import PHYSICAL, Normalizers, PriceCoefficients, reference_normalizers
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
+from helios.scheduler.tracelog import TraceLog
 from helios.scheduler.utility import DecodeReference
 from helios.scheduler.queue import ExecutionQueue, Frame
 
@@ -67,7 +68,7 @@ class Scheduler:
         self.publications = Publications(self.requests, self.policy.adaptation_ms)
         self.stats = ExecutionStats()
         self.exploration = Exploration(self.config.funded_exploration)  # timing refresh, acceptance learning
-        self.traces: deque[PlanTrace] = deque(maxlen=4096)
+        self.traces = TraceLog(4096, self.exploration.refresh.den, self.exploration.learning.den)
         self.now_ns = 0
         self._next_handle = 0
         self._last_fence: Fence | None = None
@@ -367,12 +368,12 @@ class Scheduler:
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                               p_handles, p_epochs, self._normalizers(), None if snapshot else t.turnover))
         self._last_fence = fence
-        credits = self.exploration.credits()
+        refresh, learning = self.exploration.credit_units()  # before this plan's episode opens
         self.exploration.committed(plan.shape, plan.reason, fence, now)
-        self.traces.append(PlanTrace(fence, plan.shape, tuple(handles), plan.estimated_duration_ns,
-                                     self.costs.observation_age_ns(plan.shape, now), plan.reason,
-                                     plan.score, plan.log_scale, now, refresh_credit_ns=credits.timing_refresh_ns,
-                                     learning_credit_ns=credits.acceptance_learning_ns))
+        # The trace's PlanTrace is built only when read (tracelog.py); `handles` is this call's own list.
+        self.traces.record((fence, plan.shape, handles, plan.estimated_duration_ns,
+                            self.costs.observation_age_ns(plan.shape, now), plan.reason,
+                            plan.score, plan.log_scale, now, refresh, learning))
 
     # ---- completion --------------------------------------------------------------------
     def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:

@@ -32,6 +32,7 @@ class Ledger:
 
     def __init__(self, num: int, den: int, cap_ns: int = CAP_NS):
         self.num, self.den, self.cap_ns = num, den, cap_ns
+        self._full = cap_ns * den  # full credit, in units
         self._units = 0  # credit * den, in ns: integer arithmetic keeps the thresholds exact
         self.episode: Fence | None = None  # the open episode's fence
         self.paid_ns = 0  # every episode's payment, in total
@@ -47,10 +48,10 @@ class Ledger:
 
     def funded(self) -> bool:
         """Full credit and no episode open: one episode may start."""
-        return self.episode is None and self._units >= self.cap_ns * self.den
+        return self.episode is None and self._units >= self._full
 
     def earn(self, ns: int) -> None:
-        self._units = min(self._units + self.num * int(ns), self.cap_ns * self.den)
+        self._units = min(self._units + self.num * int(ns), self._full)
 
     def open(self, fence: Fence) -> None:
         self.episode = fence
@@ -88,6 +89,11 @@ class Exploration:
 
     def credits(self) -> Credits:
         return Credits(self.refresh.credit_ns, self.learning.credit_ns)
+
+    def credit_units(self) -> tuple[int, int]:
+        """Each ledger's credit in its own units (credit_ns * den): what commit keeps for the plan
+        trace, which divides only when read (cheaper than `credits()` at every decision)."""
+        return self.refresh._units, self.learning._units
 
     def ledger(self, reason: SelectionReason) -> Ledger | None:
         if reason is SelectionReason.TIMING_REFRESH:
@@ -132,9 +138,10 @@ class Exploration:
     def committed(self, shape: GraphShape, reason: SelectionReason, fence: Fence, now_ns: int) -> None:
         # Attempts advance only on committed execution, never on planning.
         self.attempts[shape] = now_ns
-        ledger = self.ledger(reason)
-        if ledger is not None:
-            ledger.open(fence)
+        if reason is not SelectionReason.ORDINARY:  # the usual case opens no episode
+            ledger = self.ledger(reason)
+            if ledger is not None:
+                ledger.open(fence)
 
     def completed(self, reason: SelectionReason, fence: Fence, raw_ns: int | None, valid: bool,
                   estimate_ns: int | None) -> None:
@@ -144,8 +151,10 @@ class Exploration:
             self._probe_backoff -= 1
         if reason is SelectionReason.ORDINARY:
             if valid and raw_ns:
-                self.refresh.earn(raw_ns)
-                self.learning.earn(raw_ns)
+                # Ledger.earn for both ledgers, inlined (one call per completion).
+                ns, r, lr = int(raw_ns), self.refresh, self.learning
+                r._units = min(r._units + r.num * ns, r._full)
+                lr._units = min(lr._units + lr.num * ns, lr._full)
             return
         ledger = self.ledger(reason)
         if ledger is not None:
