@@ -151,10 +151,8 @@ class Exploration:
             self._probe_backoff -= 1
         if reason is SelectionReason.ORDINARY:
             if valid and raw_ns:
-                # Ledger.earn for both ledgers, inlined (one call per completion).
-                ns, r, lr = int(raw_ns), self.refresh, self.learning
-                r._units = min(r._units + r.num * ns, r._full)
-                lr._units = min(lr._units + lr.num * ns, lr._full)
+                self.refresh.earn(raw_ns)
+                self.learning.earn(raw_ns)
             return
         ledger = self.ledger(reason)
         if ledger is not None:
