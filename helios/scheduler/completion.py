@@ -20,11 +20,9 @@ from helios.scheduler.requests import DONE, RequestTable
 class ExecutionStats:
     """flare_scheduler_execution_nanoseconds_total / _executions_total by execution class."""
 
-    # Counters keyed by the id of the reason or shape, each entry holding that object (so the id
-    # cannot be reused): hashing a GraphShape or an Enum runs Python code, and `record` runs at
-    # every completion. `executions`, `nanoseconds` and `by_shape` give the usual mappings.
-    _reasons: dict = field(default_factory=lambda: {id(r): [r, 0, 0] for r in SelectionReason})
-    _shapes: dict = field(default_factory=dict)  # id(shape) -> [shape, executions]
+    nanoseconds: dict = field(default_factory=lambda: {r: 0 for r in SelectionReason})
+    executions: dict = field(default_factory=lambda: {r: 0 for r in SelectionReason})
+    by_shape: dict = field(default_factory=dict)  # GraphShape -> executions
     # flare_speculative_*: complete programs, not separate proposal and target calls.
     speculative_programs: int = 0
     speculative_offered: int = 0  # draft positions verified
@@ -33,40 +31,10 @@ class ExecutionStats:
     speculative_learned_draws: int = 0  # learned proposals only; copy proposals draw nothing
 
     def record(self, frame: Frame, raw_ns: int | None) -> None:
-        counts = self._reasons[id(frame.reason)]
-        counts[1] += 1
-        counts[2] += raw_ns or 0
+        self.executions[frame.reason] += 1
+        self.nanoseconds[frame.reason] += raw_ns or 0
         shape = frame.plan.shape
-        entry = self._shapes.get(id(shape))
-        if entry is None:
-            entry = self._shapes[id(shape)] = [shape, 0]
-        entry[1] += 1
-
-    @property
-    def executions(self) -> dict:
-        return {r: n for r, n, _ in self._reasons.values()}
-
-    @property
-    def nanoseconds(self) -> dict:
-        return {r: ns for r, _, ns in self._reasons.values()}
-
-    @property
-    def by_shape(self) -> dict:
-        """GraphShape -> executions, in first-execution order; equal shape objects count together."""
-        out: dict = {}
-        for shape, n in self._shapes.values():
-            out[shape] = out.get(shape, 0) + n
-        return out
-
-    def __getstate__(self) -> dict:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-    def __setstate__(self, state: dict) -> None:
-        for name, value in state.items():
-            object.__setattr__(self, name, value)
-        # Ids belong to one process: key the counters by their objects' ids in this one.
-        self._reasons = {id(c[0]): c for c in self._reasons.values()}
-        self._shapes = {id(c[0]): c for c in self._shapes.values()}
+        self.by_shape[shape] = self.by_shape.get(shape, 0) + 1
 
 
 @dataclass(slots=True)

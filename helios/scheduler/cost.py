@@ -108,18 +108,11 @@ class CostTable:
         if sample_ns is None or sample_ns <= 0:
             return False
         e = self.entry(shape)
-        samples, sample = e.samples, int(sample_ns)
         if e.estimate_ns <= 0 or now_ns - e.last_valid_ns > self.ttl_ns:  # unknown or stale (`state`)
             # First observation, or first after staleness, replaces the estimate directly.
-            samples.clear()
-        elif len(samples) == samples.maxlen and samples[0] == sample:
-            # The sample replaces an equal one: the window holds the same values, so the median
-            # and the estimate (computed when the window last changed) stay exactly as they are.
-            samples.append(sample)
-            e.last_valid_ns = now_ns
-            return True
-        samples.append(sample)
-        estimate = max(1, int(round(median(samples))))
+            e.samples.clear()
+        e.samples.append(int(sample_ns))
+        estimate = max(1, int(round(median(e.samples))))
         if estimate != e.estimate_ns:
             e.estimate_ns = estimate
             self.version += 1
