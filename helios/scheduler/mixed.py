@@ -90,10 +90,10 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
         return []
     ranked: dict[tuple[int, int], _Decoders] = {}
     best_prompt: dict[int, tuple | None] = {}
-    seen: dict[tuple, list] = {}
+    seen: dict[tuple, set] = {}  # cohort key -> positions of the shapes that served it
     out = []
-    # Sorted by capacities: a dominating (padded) shape always comes after the one it pads.
-    for shape in sorted(shapes, key=lambda s: s.capacities()):
+    order, padded_over = _padding_order(shapes)
+    for pos, shape in enumerate(order):
         dec = ranked.get((shape.token_capacity, shape.proposal_depth))
         if dec is None:
             dec = ranked[(shape.token_capacity, shape.proposal_depth)] = _rank_decoders(decode, shape)
@@ -111,9 +111,10 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
             # Cohorts of one (W, D) are prefixes of one ranking with fixed prefixes, so (W, D, m)
             # names the decode cohort and its prefixes; the prompt row is named by index and work.
             key = (shape.token_capacity, shape.proposal_depth, m, None if prompt is None else prompt[:2])
-            if any(other.dominates(shape) for other in seen.get(key, ())):
+            same = seen.setdefault(key, set())
+            if not padded_over[pos].isdisjoint(same):
                 continue  # same cohort, prefixes, prompt row and prompt work: padding only
-            seen.setdefault(key, []).append(shape)
+            same.add(pos)
             if state is None:
                 t_ms, state = costs(shape)
             rows = None if dec.ceilings is None else dec.ceilings[dec.order[:m]]
@@ -154,6 +155,24 @@ def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, st
     # The same tie-break order as every other candidate (policy.finish_candidate).
     c.key = (t_ms is None, c.score, -(t_ms or 0.0), served, -c.lru, -c.padding, order)
     return c
+
+
+# id(shapes) -> (shapes, their order, padded_over): each decision walks the same tuple.
+_ORDERS: dict[int, tuple] = {}
+
+
+def _padding_order(shapes) -> tuple:
+    """The shapes sorted by capacities (a dominating, padded shape always comes after the one it
+    pads), and for each position the positions of the shapes it is padding over (those that
+    dominate it): static, so computed once per shape tuple instead of pairwise per decision."""
+    hit = _ORDERS.get(id(shapes))
+    if hit is None or hit[0] is not shapes:
+        if len(_ORDERS) >= 64:
+            _ORDERS.clear()
+        order = tuple(sorted(shapes, key=lambda s: s.capacities()))
+        padded_over = [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order]
+        hit = _ORDERS[id(shapes)] = (shapes, order, padded_over)
+    return hit[1], hit[2]
 
 
 @lru_cache(maxsize=1024)

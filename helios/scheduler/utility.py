@@ -44,7 +44,19 @@ class DecodeReference:
 
     def __init__(self, costs: Iterable[tuple[int, float]]):
         self.costs = tuple(costs)
-        self.steps = tuple(min((ms for b, ms in self.costs if b >= m), default=None) for m in range(65))
+        # steps[m] = min over b >= m of T: suffix minima over the capacities, largest first (a
+        # cost table version moves at most completions, so this runs often: O(n log n), not 65n).
+        fastest: dict[int, float] = {}
+        for b, ms in self.costs:
+            fastest[b] = min(fastest.get(b, ms), ms)
+        caps = sorted(fastest, reverse=True)
+        steps, best, i = [None] * 65, None, 0
+        for m in range(64, -1, -1):
+            while i < len(caps) and caps[i] >= m:
+                best = fastest[caps[i]] if best is None else min(best, fastest[caps[i]])
+                i += 1
+            steps[m] = best
+        self.steps = tuple(steps)
         self._sigma: dict[int, float | None] = {}
 
     def sigma(self, streams: int) -> float | None:
