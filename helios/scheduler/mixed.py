@@ -35,7 +35,7 @@ from helios.scheduler.plan import PlanLanes
 from helios.scheduler.policy import Budget, Candidate, LanePool
 from helios.scheduler.rounds import _ceilings, _gains
 from helios.scheduler.speculation import expected_output
-from helios.scheduler.utility import ranked_lanes, rate_score, served_cost, stall_cost
+from helios.scheduler.utility import by_identity, ranked_lanes, rate_score, served_cost, stall_cost
 
 
 @dataclass(slots=True)
@@ -157,22 +157,17 @@ def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, st
     return c
 
 
-# id(shapes) -> (shapes, their order, padded_over): each decision walks the same tuple.
-_ORDERS: dict[int, tuple] = {}
+_ORDERS: dict[int, tuple] = {}  # shape tuple -> _padding_order's result (utility.by_identity)
 
 
 def _padding_order(shapes) -> tuple:
     """The shapes sorted by capacities (a dominating, padded shape always comes after the one it
     pads), and for each position the positions of the shapes it is padding over (those that
     dominate it): static, so computed once per shape tuple instead of pairwise per decision."""
-    hit = _ORDERS.get(id(shapes))
-    if hit is None or hit[0] is not shapes:
-        if len(_ORDERS) >= 64:
-            _ORDERS.clear()
+    def build(shapes):
         order = tuple(sorted(shapes, key=lambda s: s.capacities()))
-        padded_over = [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order]
-        hit = _ORDERS[id(shapes)] = (shapes, order, padded_over)
-    return hit[1], hit[2]
+        return order, [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order]
+    return by_identity(_ORDERS, shapes, build, 64)
 
 
 @lru_cache(maxsize=1024)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
 import numpy as np
 
 from helios.config import PolicyConfig
@@ -126,7 +127,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         ref = np.where(has_delivery[dec], delivery_ns[dec], ref)
         known = known | has_delivery[dec]
     ages = np.maximum(0, start_ns - ref) / 1e6
-    if np.count_nonzero(known) != len(known):  # the steady state: every decoder has published
+    if np.count_nonzero(known) != len(known):  # skipped in the steady state, where every decoder has published
         ages[~known] = 0.0
     # The scale is the largest of these logs, so no exponent overflows.
     output_value = np.exp(lo_dec - scale)

@@ -30,7 +30,7 @@ import numpy as np
 
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
-from helios.scheduler.utility import prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth
+from helios.scheduler.utility import by_identity, prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth
 
 
 @dataclass(slots=True)
@@ -94,39 +94,26 @@ class Budget:
 # ndarray.sum() of a 1-D array is this reduction behind a Python wrapper: the same sum, cheaper.
 _sum = np.add.reduce
 
-# id(shape) -> (shape, is_prefill, token_capacity, target_capacity, negated capacities): what the
-# tie-break reads from a shape, computed once per shape object instead of per candidate (the
-# shape is kept alive by the entry, so its id is never reused while cached).
+# What the tie-break reads from a shape, and a shape tuple in capacity order: derived once per
+# object (utility.by_identity), since every decision asks again for the same shapes.
 _SHAPE_KEYS: dict[int, tuple] = {}
-
-
-def _shape_key(shape: GraphShape) -> tuple:
-    hit = _SHAPE_KEYS.get(id(shape))
-    if hit is None or hit[0] is not shape:
-        if len(_SHAPE_KEYS) >= 4096:
-            _SHAPE_KEYS.clear()
-        hit = _SHAPE_KEYS[id(shape)] = (shape, shape.kind.is_prefill, shape.token_capacity,
-                                        shape.target_capacity, tuple(map(neg, shape.capacities())))
-    return hit
-
-
-# id(shapes) -> (shapes, the same shapes by batch capacity): each decision ranks the same tuple.
 _BY_CAPACITY: dict[int, tuple] = {}
 
 
+def _shape_key(shape: GraphShape) -> tuple:
+    """(is_prefill, token_capacity, target_capacity, negated capacities)."""
+    return by_identity(_SHAPE_KEYS, shape, lambda s: (s.kind.is_prefill, s.token_capacity, s.target_capacity,
+                                                        tuple(map(neg, s.capacities()))))
+
+
 def _by_capacity(shapes) -> tuple:
-    hit = _BY_CAPACITY.get(id(shapes))
-    if hit is None or hit[0] is not shapes:
-        if len(_BY_CAPACITY) >= 256:
-            _BY_CAPACITY.clear()
-        hit = _BY_CAPACITY[id(shapes)] = (shapes, tuple(sorted(shapes, key=lambda s: s.batch_capacity)))
-    return hit[1]
+    return by_identity(_BY_CAPACITY, shapes, lambda ss: tuple(sorted(ss, key=lambda s: s.batch_capacity)), 256)
 
 
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
     """`lru`: the members' most recent service, when the caller already knows it."""
     n = len(c.members)
-    _, is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
+    is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
     if c.t_ms is None:
         # Optimistic work score: an unknown duration ranks by expected useful value alone.
         c.score = c.value

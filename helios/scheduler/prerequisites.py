@@ -169,33 +169,37 @@ def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode
         return
     cap = len(c.members)
     best, best_order = None, None
-    for sh in prefill_shapes:
-        f_ms, state = costs(sh)
+
+    def consider(shape, newly, ready_of, order_of) -> None:
+        """Keep the (restore, `shape`) sequence when it beats the best so far. `ready_of(F)`: the
+        already-ready lanes' contributions; `order_of()` ranks the pool's lanes for that graph."""
+        nonlocal best, best_order
+        f_ms, state = costs(shape)
         if f_ms is None or state is CostState.UNKNOWN:
-            continue
+            return
+        choice = two_stage(newly, ready_of(f_ms), (), cap, shape.batch_capacity, c.t_ms, f_ms, waiting)
+        if choice is not None and choice.sequence and (best is None or choice.score > best.score):
+            best, best_order = choice, order_of()
+
+    for sh in prefill_shapes:
         newly = _chunk_values(log_prefill, log_first, left, sh.token_capacity)
         ready = np.zeros(0)
         if ready_pool is not None and len(ready_pool.handles):
             ready = np.exp(ready_pool.log_prefill) * np.minimum(ready_pool.prompt_left, sh.token_capacity) + np.where(
                 ready_pool.prompt_left <= sh.token_capacity, ready_pool.first_token, 0.0)
-        choice = two_stage(newly, ready, (), cap, sh.batch_capacity, c.t_ms, f_ms, waiting)
-        if choice is not None and choice.sequence and (best is None or choice.score > best.score):
-            best, best_order = choice, ranked_lanes(newly, pool.lru, pool.slots)
+        consider(sh, newly, lambda _, ready=ready: ready, lambda newly=newly: ranked_lanes(newly, pool.lru, pool.slots))
     # A preempted decoder (no prompt left) continues with one output token in a decode batch
     # shared with the decoders already running; a restored prompt cannot join that graph.
     resumed = (left == 0).nonzero()[0]
-    for sh in decode_shapes if len(resumed) else ():
-        f_ms, state = costs(sh)
-        if f_ms is None or state is CostState.UNKNOWN:
-            continue
-        newly = np.exp(log_first[resumed])  # one output token each (its delivery has no history)
-        ready = np.zeros(0)
-        if ready_decoders is not None and len(ready_decoders.handles):
-            # A running decoder served at the sequence's end: its value and age credit over T + F.
-            ready = ready_decoders.base + ready_decoders.age_slope * (c.t_ms + f_ms)
-        choice = two_stage(newly, ready, (), cap, sh.batch_capacity, c.t_ms, f_ms, waiting)
-        if choice is not None and choice.sequence and (best is None or choice.score > best.score):
-            best, best_order = choice, resumed[ranked_lanes(newly, pool.lru[resumed], pool.slots[resumed])]
+    if len(resumed):
+        newly = np.exp(log_first[resumed])  # one output token each
+        order = lambda: resumed[ranked_lanes(newly, pool.lru[resumed], pool.slots[resumed])]  # noqa: E731
+        running = ready_decoders is not None and len(ready_decoders.handles)
+
+        def ready_of(f_ms):  # a running decoder served at the sequence's end: value and age credit over T + F
+            return ready_decoders.base + ready_decoders.age_slope * (c.t_ms + f_ms) if running else np.zeros(0)
+        for sh in decode_shapes:
+            consider(sh, newly, ready_of, order)
     if best is None:
         return
     c.members = best_order[: best.newly]

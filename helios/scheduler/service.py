@@ -143,6 +143,6 @@ def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm:
     output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
     missing = np.isnan(log_z)
-    if np.count_nonzero(missing):  # the steady state: every request has published
+    if np.count_nonzero(missing):  # skipped in the steady state, where every request has published
         delivery[missing] = NEG_INF
     return prefill, output, delivery, fair

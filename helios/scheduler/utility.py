@@ -34,6 +34,22 @@ def reference_interval_ms(family_costs: Iterable[tuple[int, float]], streams: in
     return None if best is None else streams * best
 
 
+def by_identity(cache: dict, obj, build, limit: int = 4096):
+    """build(obj), computed once per object and kept in `cache` by id(obj): for values that the hot
+    path derives from the same long-lived objects (shapes, shape tuples) at every decision, where
+    hashing them would cost more than the lookup saves. The entry keeps `obj` alive, so its id is
+    never reused while cached."""
+    hit = cache.get(id(obj))
+    if hit is None or hit[0] is not obj:
+        if len(cache) >= limit:
+            cache.clear()
+        hit = cache[id(obj)] = (obj, build(obj))
+    return hit[1]
+
+
+_MISS = object()
+
+
 class DecodeReference:
     """The measured delivery-bearing graphs as (batch, t_ms), with what planning derives from them
     and nothing else: sigma(n) (reference_interval_ms for n streams of one family) and steps[m] (the
@@ -60,8 +76,8 @@ class DecodeReference:
         self._sigma: dict[int, float | None] = {}
 
     def sigma(self, streams: int) -> float | None:
-        hit = self._sigma.get(streams, 0.0)
-        if hit == 0.0:  # sigma is positive or None: 0.0 marks a miss
+        hit = self._sigma.get(streams, _MISS)
+        if hit is _MISS:
             hit = self._sigma[streams] = reference_interval_ms(self.costs, streams, streams)
         return hit
 
