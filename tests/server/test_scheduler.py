@@ -218,14 +218,17 @@ def test_long_prompt_during_decode(served, server, client):
 
 
 def test_short_long_contention(served, server, client):
-    """Property: short requests that arrive while a long prompt is being prefilled get their first
-    output before the long prompt's prefill completes.
+    """Property: short requests that arrive while a long prompt is being prefilled are not
+    starved behind it: at most two of its prefill graphs run before their first output.
 
     The long prompt needs at least three chunks. Right after its first chunk the choice between
     its next chunk and the shorts' prompts is a near-tie under the utility (every token carries
     the same fairness price f/x, which dwarfs beta on a CPU), so it follows 3% of timing noise.
     One chunk later the shorts have waited a whole chunk unserved, their prices have grown by
-    e^(T/tau) against the long prompt's, and they must win: that is the property asserted."""
+    e^(T/tau) against the long prompt's, and they must win: that is the property asserted. A
+    packed prefill graph may then carry the long prompt's last rows next to the shorts' (a
+    B x C graph hands unused capacity to a row), so their first outputs can share the graph
+    that completes it; what may not happen is a third long chunk before them."""
     before = metrics(server)
     mark = len(served.trace.prompts) if served.trace else 0
     jobs = [lambda: stream_completion(client, long_prompt(1150, 7), 4)]
@@ -261,7 +264,9 @@ def test_short_long_contention(served, server, client):
     firsts = {h: first_output_index(steps, h) for h in shorts}
     print(f"    long prompt prefilled in graphs {first}..{last}; short requests' first outputs at {firsts}")
     assert sum(s.prefills(long) for s in steps) >= 3, "the long prompt should need three prefill chunks"
-    assert all(i is not None and i < last for i in firsts.values()), (firsts, served.trace.summary())
+    assert all(i is not None and i <= last for i in firsts.values()), (firsts, served.trace.summary())
+    before_shorts = {h: sum(s.prefills(long) for s in steps[:i]) for h, i in firsts.items()}
+    assert all(n <= 2 for n in before_shorts.values()), (before_shorts, served.trace.summary())
 
 
 def test_cancellation_then_slot_reuse(server, client):
