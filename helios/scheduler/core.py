@@ -73,6 +73,10 @@ class Scheduler:
         self._next_handle = 0
         self._last_fence: Fence | None = None
         self._decisions = 0  # served lanes record it: 0 is "never served"
+        # Moved by every call that can change the table (admit, cancel, commit, completion,
+        # preempt): a plan made at the current stamp still has the rows, epochs and versions it
+        # read (ScheduledPlan.resolved), and commit need not look them up again.
+        self._stamp = 0
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
         self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
@@ -95,6 +99,7 @@ class Scheduler:
 
     def admit(self, request: RequestSpec, now_ns: int) -> RequestHandle:
         self.advance_to(now_ns)
+        self._stamp += 1
         self.publications.flush()
         if request.prompt_tokens + 1 > self.config.max_context:
             raise InvalidRequest(f"prompt of {request.prompt_tokens} tokens leaves no room in a "
@@ -129,6 +134,7 @@ class Scheduler:
     def cancel(self, handle: RequestHandle, now_ns: int, reason: FinishReason = FinishReason.CANCELLED) -> None:
         """Stop selecting the request now; its slot and pages stay owned through its last fence."""
         self.advance_to(now_ns)
+        self._stamp += 1
         self.publications.flush()
         t = self.requests
         row = t.row(handle)
@@ -223,7 +229,7 @@ class Scheduler:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
         if winner is None:
             return None
-        kind, t_ms = winner.shape.kind, winner.t_ms or 0.0
+        kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
         if kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
             lanes = self.state.lanes(self.requests, kind, winner.table_rows[winner.members],
                                      winner.lane_values[winner.members])
@@ -234,9 +240,11 @@ class Scheduler:
         elif kind is GraphKind.DECODE:
             # Values are the scaled lane values at the winner's duration.
             values = view.decode.base[winner.members] + view.decode.age_slope * t_ms
-            lanes = decode_lanes(self.requests, view.decode_rows[winner.members], values)
+            rows = view.decode_rows[winner.members]
+            lanes = decode_lanes(self.requests, rows, values)
         else:
-            lanes = prefill_lanes(self.requests, view.prefill[kind][1][winner.members], winner.works)
+            rows = view.prefill[kind][1][winner.members]
+            lanes = prefill_lanes(self.requests, rows, winner.works)
         feedback = requires_feedback(winner.shape, winner.cost_state, lanes)
         if len(self.queue) and feedback:
             return None  # the winner needs an empty window: submit nothing until it drains
@@ -245,7 +253,8 @@ class Scheduler:
             reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
         return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
                              feedback, winner.cost_state is CostState.STALE, self.now_ns,
-                             self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device)
+                             self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device,
+                             None if rows is None else (self.requests, self._stamp, lanes, rows))
 
     def _spec_lanes(self, winner, view: PlanningView):
         pool, t = view.decode, winner.t_ms or 0.0
@@ -322,28 +331,38 @@ class Scheduler:
                 raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
             if not plan.requires_feedback:
                 plan = replace(plan, requires_feedback=True, stale_cost=True)
-        handles = lanes.handle.tolist()
-        found = list(map(t.index.get, handles))
-        try:
-            rows = np.fromiter(found, np.int64, len(found))
-        except TypeError:  # a None: the request retired (cheaper than searching for None first)
-            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
-        done = t.phase[rows] == DONE
         snapshot = plan.shape.kind is GraphKind.SNAPSHOT
-        if snapshot:  # terminal captures retire through this graph
-            done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
-        bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
-        if np.count_nonzero(bad):
-            i = int(np.argmax(bad))
-            what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
-            raise StalePlan(f"request {lanes.handle[i]} {what}")
-        new = t.slot[rows] == NO_SLOT
+        res = plan.resolved
+        if res is not None and res[0] is t and res[1] == self._stamp and res[2] is lanes:
+            # Nothing changed the table since planning: the planned rows (distinct, live decode or
+            # prompt rows) still hold these requests at these epochs and versions, and their slots
+            # are the lanes' slot column. The trace turns the read-only handle column into a list.
+            rows, handles, unique = res[3], lanes.handle, True
+            new = lanes.slot == NO_SLOT
+        else:
+            handles = lanes.handle.tolist()
+            found = list(map(t.index.get, handles))
+            try:
+                rows = np.fromiter(found, np.int64, len(found))
+            except TypeError:  # a None: the request retired (cheaper than searching for None first)
+                raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
+            done = t.phase[rows] == DONE
+            if snapshot:  # terminal captures retire through this graph
+                done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
+            bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
+            if np.count_nonzero(bad):
+                i = int(np.argmax(bad))
+                what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
+                raise StalePlan(f"request {lanes.handle[i]} {what}")
+            unique = len(set(found)) == len(found)
+            new = t.slot[rows] == NO_SLOT
         newcomers = rows[new] if np.count_nonzero(new) else None
         if newcomers is not None:
             need = sum(self.resources.extent_pages_of(t, newcomers).tolist())
             if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
                 raise StalePlan("not enough free slots or pages for the plan's new requests")
         # Validated: mutate.
+        self._stamp += 1
         if newcomers is not None:
             self.resources.acquire(t, newcomers)
         isolated = not len(self.queue)
@@ -357,7 +376,7 @@ class Scheduler:
         t.version[rows] += 1
         t.last_served_seq[rows] = self._decisions
         live = t.phase != DONE  # participants: resident runnable and waiting
-        if not snapshot and np.count_nonzero(live) == len(found) and len(set(found)) == len(found):
+        if not snapshot and np.count_nonzero(live) == len(rows) and unique:
             # The lanes are every live request (the steady state; none is done, so they are
             # live): the lane rows, handles and epochs are the participants', and completion's
             # accounting needs no table-sized scatter (account_interval).
@@ -397,6 +416,7 @@ class Scheduler:
         return (2, self.config.request_slots, self.config.draft_capacity)
 
     def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
+        self._stamp += 1
         checked = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
                                       None if confidence is None else self.sidecar_shape())
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
@@ -427,6 +447,7 @@ class Scheduler:
         """Retire a resident decoding request through a snapshot without completing its
         response; it resumes by restore, with the same tokens as an uninterrupted run."""
         self.advance_to(now_ns)
+        self._stamp += 1
         self.publications.flush()
         self.state.preempt(self.requests, handle, now_ns)
 

@@ -42,13 +42,25 @@ def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = 
     """One output row per lane; `values` are the scaled lane values (zero for baselines)."""
     n = len(rows)
     ones, one = _const(1, np.int64, n), _const(1, np.float64, n)
-    # The hot path's columns all come from the table or the constants, with their dtypes: built
-    # without re-checking them (only `values` comes from the caller).
-    # A host-feedback request with a fence in flight needs that fence's result first.
-    return PlanLanes.built(**_common(t, rows), prompt_tokens=_const(0, np.int64, n), output_rows=ones,
-                           expected_tokens=one, expected_deliveries=one,
-                           value=_const(0, np.float64, n) if values is None else np.asarray(values, np.float64),
-                           needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=ones)
+    # The hot path's columns all come from the table or the read-only constants, with their
+    # dtypes: built without re-checking them (only `values` comes from the caller).
+    cursor = t.prompt_done[rows] + t.queued_prompt[rows]
+    fresh = (t.handle[rows], t.epoch[rows], t.version[rows], t.slot[rows], cursor,
+             cursor + t.output_done[rows] + t.queued_output[rows],
+             _const(0, np.float64, n) if values is None else np.asarray(values, np.float64))
+    # A host-feedback request with a fence in flight needs that fence's result first; without
+    # such a request the column is the shared all-false constant (the same values).
+    feedback = t.host_feedback[rows]
+    if np.count_nonzero(feedback):
+        feedback &= t.inflight[rows] > 0
+        feedback.setflags(write=False)
+    else:
+        feedback = _const(0, np.bool_, n)
+    for arr in fresh:
+        arr.setflags(write=False)
+    handle, epoch, version, slot, start, context, value = fresh
+    return PlanLanes.built(handle, epoch, version, slot, start, _const(0, np.int64, n), context, ones,
+                           one, one, value, feedback, ones)
 
 
 def prefill_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanLanes:
