@@ -79,7 +79,8 @@ class Publications:
         self.table = table
         self.tau_ms = tau_ms
         # (rows, fence, time) batches in report order; the scheduler appends to it directly.
-        self.reported: list[tuple[list[int], Fence, int]] = []
+        # Rows are a list, or a completion's read-only row array (Scheduler.published_outputs).
+        self.reported: list[tuple[list[int] | np.ndarray, Fence, int]] = []
 
     def flush(self) -> None:
         """Publication resets the output age; the publication of the frame a request's pending
@@ -92,7 +93,9 @@ class Publications:
         # Usually one frame's publications at one time: scalars then stand for whole columns.
         _, fence, time = batches[0]
         if len(batches) == 1:
-            rows = np.fromiter(batches[0][0], np.int64, len(batches[0][0]))
+            rows = batches[0][0]
+            if type(rows) is not np.ndarray:
+                rows = np.fromiter(rows, np.int64, len(rows))
         else:
             sizes = [len(b[0]) for b in batches]
             rows = np.fromiter(chain.from_iterable(b[0] for b in batches), np.int64, sum(sizes))
@@ -102,9 +105,12 @@ class Publications:
                 time = np.repeat(np.fromiter((b[2] for b in batches), np.int64, len(batches)), sizes)
         t.last_publication_ns[rows] = time  # nondecreasing: the last report of a row wins
         t.has_publication[rows] = True
-        rows = rows[t.has_pending[rows] & (t.pending_fence[rows] == fence)]
-        if not len(rows):
+        resolved = t.has_pending[rows] & (t.pending_fence[rows] == fence)
+        k = np.count_nonzero(resolved)
+        if not k:
             return
+        if k != len(resolved):  # usually every published row resolves its pending delivery
+            rows = rows[resolved]
         # A row reported twice for its pending fence resolves to the same values twice (every
         # value below is computed before any is stored): the delivery still counts once.
         t.has_pending[rows] = False

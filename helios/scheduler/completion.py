@@ -206,9 +206,10 @@ def _validate_sidecars(confidence, shape) -> None:
 
 
 def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
-                     confidence=None, survival=None) -> tuple[list[GeneratedToken], bool]:
-    """Apply a validated completion. Returns the tokens to publish, and whether some lane of the
-    frame is done (cancelled before, or finished now): only then can a lane's row retire."""
+                     confidence=None, survival=None) -> tuple[list[GeneratedToken], bool, tuple | None]:
+    """Apply a validated completion. Returns the tokens to publish, whether some lane of the
+    frame is done (cancelled before, or finished now): only then can a lane's row retire, and
+    (handles, rows) of the bursts when there is one per lane (else None), in burst order."""
     frame, records, counts = checked.frame, checked.records, checked.token_counts
     now, t = sched.now_ns, sched.requests
     plan, shape = frame.plan, frame.plan.shape
@@ -217,7 +218,9 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     # every participant still holds its request (RequestTable.turnover).
     intact = frame.turnover == t.turnover
     interval = timing.device_interval_ns()
-    sched.costs.observe(shape, timing.cost_sample_ns(), now)
+    # timing.cost_sample_ns(), from the interval already aggregated over ranks.
+    sample = None if interval is None else interval - (timing.readiness_delay_ns or 0)
+    sched.costs.observe(shape, sample if sample is not None and sample > 0 else None, now)
     raw = interval
     if frame.isolated and timing.wall_ns:
         raw = max(raw or 0, timing.wall_ns)
@@ -256,10 +259,12 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         t.prompt_done[r] += lanes.prompt_tokens if whole else lanes.prompt_tokens[act]
     after = before + n  # what `+=` would store, without gathering the column a second time
     t.output_done[r] = after
-    unpublished = ~t.has_publication[r]
-    if produced is not None:
+    published = t.has_publication[r]
+    # Usually every lane has published before: no mask to build.
+    unpublished = None if produced is None and np.count_nonzero(published) == len(published) else ~published
+    if unpublished is not None and produced is not None:
         unpublished &= produced
-    if np.count_nonzero(unpublished):
+    if unpublished is not None and np.count_nonzero(unpublished):
         provisional = r[unpublished]  # provisional until the runtime publishes
         t.last_publication_ns[provisional] = now
         t.has_publication[provisional] = True
@@ -287,11 +292,12 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     finishes = map(t.finish.__getitem__, r.tolist()) if finished else repeat(None)
     # GeneratedTokens built by tuple.__new__ over zipped columns: a named tuple's own __new__
     # is a Python call per lane.
+    handles = handles.tolist()
     out = map(tuple.__new__, repeat(GeneratedToken), zip(
-        handles.tolist(), repeat(frame.fence), tokens, finishes, first.tolist()))
+        handles, repeat(frame.fence), tokens, finishes, first.tolist()))
     if produced is not None:  # a lane that produced nothing publishes only its finish
-        out = compress(out, (produced | finishing).tolist())
-    return list(out), not whole or bool(finished)
+        return list(compress(out, (produced | finishing).tolist())), not whole or bool(finished), None
+    return list(out), not whole or bool(finished), (handles, r)
 
 
 def _learn_round(sched, frame, lane, rec, row: int, confidence, survival) -> None:

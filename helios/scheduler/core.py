@@ -77,6 +77,9 @@ class Scheduler:
         # preempt): a plan made at the current stamp still has the rows, epochs and versions it
         # read (ScheduledPlan.resolved), and commit need not look them up again.
         self._stamp = 0
+        # (fence, stamp, handles, rows) of the last completion's bursts: a publication of exactly
+        # those handles, before any call changes the table, reuses their rows (published_outputs).
+        self._bursts: tuple | None = None
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
         self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
@@ -375,14 +378,14 @@ class Scheduler:
         t.inflight[rows] += 1
         t.version[rows] += 1
         t.last_served_seq[rows] = self._decisions
-        live = t.phase != DONE  # participants: resident runnable and waiting
-        if not snapshot and np.count_nonzero(live) == len(rows) and unique:
+        # Participants: resident runnable and waiting (every live request).
+        if not snapshot and unique and t.live_count() == len(rows):
             # The lanes are every live request (the steady state; none is done, so they are
             # live): the lane rows, handles and epochs are the participants', and completion's
             # accounting needs no table-sized scatter (account_interval).
             participants, p_handles, p_epochs = rows, lanes.handle, lanes.epoch
         else:
-            participants = live.nonzero()[0]
+            participants = (t.phase != DONE).nonzero()[0]
             p_handles, p_epochs = t.handle[participants], t.epoch[participants]
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                               p_handles, p_epochs, self._normalizers(), None if snapshot else t.turnover))
@@ -421,7 +424,10 @@ class Scheduler:
                                       None if confidence is None else self.sidecar_shape())
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
-        out, some_done = apply_completion(self, checked, timing, confidence, survival)
+        out, some_done, bursts = apply_completion(self, checked, timing, confidence, survival)
+        # No row retires below unless some lane is done; state operations may edit `out`.
+        self._bursts = (None if bursts is None or some_done or self.state.enabled
+                        else (fence, self._stamp, *bursts))
         if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
             out = self._complete_state(checked.frame.plan, fence, timing, out)
         rows = checked.frame.rows
@@ -495,6 +501,13 @@ class Scheduler:
         handle raises and records none of them (a retired one is skipped, as alone)."""
         if type(fence) is not int:
             raise InvalidRequest(f"a publication names an integer fence, got {fence!r}")
+        bursts = self._bursts
+        if (bursts is not None and bursts[0] == fence and bursts[1] == self._stamp and type(handles) is list
+                and handles and handles == bursts[2]):
+            # Every burst of the last completion, in order, with the table as it left it: the
+            # frame's rows are these handles' rows (an ndarray, which the flush takes as it is).
+            self.publications.reported.append((bursts[3], fence, self.now_ns))
+            return
         rows = list(map(self.requests.index.get, handles))
         if None in rows:
             known = [r is not None or h in self._retired_set for h, r in zip(handles, rows)]

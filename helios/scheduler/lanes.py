@@ -32,6 +32,24 @@ def _const(value, dtype, n: int) -> np.ndarray:
     return arr[:n] if n <= len(arr) else np.full(n, value, dtype=dtype)
 
 
+# decode_lanes' constant columns per lane count, read-only: (zeros, ones, float ones, float zeros,
+# all false). Lane counts are bounded by the selection slots, so the table stays small.
+_DECODE_CONSTANTS: dict[int, tuple] = {}
+
+
+def _decode_constants(n: int) -> tuple:
+    hit = _DECODE_CONSTANTS.get(n)
+    if hit is None:
+        hit = tuple(_const(v, d, n) for v, d in ((0, np.int64), (1, np.int64), (1, np.float64), (0, np.float64),
+                                                  (0, np.bool_)))
+        for arr in hit:
+            arr.setflags(write=False)  # np.full beyond the shared length is writable
+        if len(_DECODE_CONSTANTS) >= 1024:
+            _DECODE_CONSTANTS.clear()
+        _DECODE_CONSTANTS[n] = hit
+    return hit
+
+
 def _common(t: RequestTable, rows: np.ndarray) -> dict:
     cursor = t.prompt_done[rows] + t.queued_prompt[rows]
     return dict(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
@@ -40,14 +58,13 @@ def _common(t: RequestTable, rows: np.ndarray) -> dict:
 
 def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = None) -> PlanLanes:
     """One output row per lane; `values` are the scaled lane values (zero for baselines)."""
-    n = len(rows)
-    ones, one = _const(1, np.int64, n), _const(1, np.float64, n)
+    zeros, ones, one, zero, false = _decode_constants(len(rows))
     # The hot path's columns all come from the table or the read-only constants, with their
     # dtypes: built without re-checking them (only `values` comes from the caller).
     cursor = t.prompt_done[rows] + t.queued_prompt[rows]
     fresh = (t.handle[rows], t.epoch[rows], t.version[rows], t.slot[rows], cursor,
              cursor + t.output_done[rows] + t.queued_output[rows],
-             _const(0, np.float64, n) if values is None else np.asarray(values, np.float64))
+             zero if values is None else np.asarray(values, np.float64))
     # A host-feedback request with a fence in flight needs that fence's result first; without
     # such a request the column is the shared all-false constant (the same values).
     feedback = t.host_feedback[rows]
@@ -55,12 +72,11 @@ def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = 
         feedback &= t.inflight[rows] > 0
         feedback.setflags(write=False)
     else:
-        feedback = _const(0, np.bool_, n)
+        feedback = false
     for arr in fresh:
         arr.setflags(write=False)
     handle, epoch, version, slot, start, context, value = fresh
-    return PlanLanes.built(handle, epoch, version, slot, start, _const(0, np.int64, n), context, ones,
-                           one, one, value, feedback, ones)
+    return PlanLanes.built(handle, epoch, version, slot, start, zeros, context, ones, one, one, value, feedback, ones)
 
 
 def prefill_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanLanes:

@@ -88,10 +88,12 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     active = phase == DECODE
     act = active.nonzero()[0]
     # Decoders with output and context left; prompts with unqueued tokens and nothing queued.
-    dec = (active & (produced < t.max_output[rows]) & (cursor + produced < max_context)).nonzero()[0]
+    room = (produced < t.max_output[rows]) & (cursor + produced < max_context)
     if len(act) == len(rows):  # everyone decodes (the steady state): no prompt to consider
+        dec = room.nonzero()[0]  # `active` is all true: the same rows without the mask
         pre = _NO_ROWS
     else:
+        dec = (active & room).nonzero()[0]
         pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
     # Prompt prices are elementwise: computed only when some prompt can be served.
     lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, with_prompt=len(pre) > 0)

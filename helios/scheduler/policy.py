@@ -143,9 +143,9 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     if n == 0:
         return []
     order = ranked_lanes(pool.base, pool.lru, pool.slots)
-    # Running sums on a list: cheaper than three numpy calls at these sizes, and cumsum adds
-    # left to right as accumulate does, so the sums are the same floats.
-    sums = [0.0, *accumulate(pool.base[order].tolist())]
+    # Running sums as a list (indexed per capacity below): numpy's add.accumulate adds left to
+    # right as itertools.accumulate does, so the sums are the same floats, in one C loop.
+    sums = [0.0, *np.add.accumulate(pool.base[order]).tolist()]
     recent = None  # cohorts' most recent service, computed when a cohort below n needs it
     works = np.zeros(n, dtype=np.int64)
     # With stall pricing a lane's worth at duration T is base + stall * (e^(T/tau) - 1): the

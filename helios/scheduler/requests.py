@@ -85,6 +85,9 @@ class RequestTable:
         # (a row is freed only when done). A frame committed at the current turnover still has
         # every lane live and every participant valid, and completion skips checking them.
         self.turnover = 0
+        # live_rows() until a phase or a row's request changes (update_phase, add, remove, _grow
+        # are the only writers of the phase and handle columns): most decisions end no request.
+        self._live: np.ndarray | None = None
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -96,6 +99,7 @@ class RequestTable:
 
     def _grow(self, capacity: int) -> None:
         old = self.capacity
+        self._live = None
         for name in _INT_COLUMNS + _FLOAT_COLUMNS + _BOOL_COLUMNS + ("phase",):
             col = getattr(self, name)
             new = np.zeros(capacity, dtype=col.dtype)
@@ -142,6 +146,7 @@ class RequestTable:
         del self.index[int(self.handle[row])]
         self.occupied[row] = False
         self.phase[row] = DONE
+        self._live = None
         self.specs[row] = None
         self._free.append(row)
 
@@ -174,12 +179,22 @@ class RequestTable:
     # ---- vectorized reads --------------------------------------------------------------
     def live_rows(self) -> np.ndarray:
         """Rows of live (not done) requests in admission order: every tie-break that falls
-        through to position sees the same order as a handle-ordered list."""
+        through to position sees the same order as a handle-ordered list. Read-only: the same
+        array is returned until a phase or a row's request changes."""
+        if self._live is not None:
+            return self._live
         rows = (self.phase != DONE).nonzero()[0]
         handles = self.handle[rows].tolist()
-        if handles == sorted(handles):  # the usual case: rows were taken in admission order
-            return rows
-        return rows[np.argsort(self.handle[rows], kind="stable")]
+        if handles != sorted(handles):  # the usual case: rows were taken in admission order
+            rows = rows[np.argsort(self.handle[rows], kind="stable")]
+        rows.setflags(write=False)
+        self._live = rows
+        return rows
+
+    def live_count(self) -> int:
+        """len(live_rows()), from its cached rows when they are current."""
+        live = self._live
+        return len(live) if live is not None else int(np.count_nonzero(self.phase != DONE))
 
     def prompt_left(self, rows) -> np.ndarray:
         """Uncommitted, unqueued prompt tokens."""
@@ -215,6 +230,7 @@ class RequestTable:
 
     def update_phase(self, rows) -> None:
         rows = np.asarray(rows, dtype=np.int64)
+        self._live = None
         done = self.cancelled[rows] | self.finished[rows]
         decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
         self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))
