@@ -49,6 +49,7 @@ class Checked:
     prompt: bool  # some lane consumed prompt tokens
     all_produced: bool  # every lane committed at least one token
     single: bool  # every lane committed exactly one token (a plain decode step)
+    handles: list | None = None  # the lanes' handles as a list, when validation read them so
 
 
 _RECORD, _TUPLE, _INT = frozenset((CompletionRecord,)), frozenset((tuple,)), frozenset((int,))
@@ -79,10 +80,12 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
     # tuples of nonnegative ints, the lanes' handles, epochs and prompt tokens, and token counts
     # that fit the lanes. Anything else takes the lane-by-lane checks (_first_problem).
     fast = set(map(type, records)) <= _RECORD
+    handles = None
     if fast:
         tokens = [r.tokens for r in records]
+        handles = lanes.handle.tolist()
         fast = (set(map(type, tokens)) <= _TUPLE
-                and [r.handle for r in records] == lanes.handle.tolist()
+                and [r.handle for r in records] == handles
                 and [r.epoch for r in records] == lanes.epoch.tolist()
                 and [r.prompt_tokens for r in records] == lanes.prompt_tokens.tolist())
     if fast:
@@ -104,6 +107,7 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         counts = lanes.output_rows if counts == rows else np.fromiter(counts, np.int64, len(counts))
         eos = np.fromiter(eos, bool, len(eos)) if any_eos else None
     else:
+        handles = None
         live = table.phase[head.rows] != DONE
         _first_problem(lanes, records, live, rounds)  # raises, unless only the types differ
         tokens = [tuple(map(int, r.tokens)) for r in records]
@@ -129,7 +133,7 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
     if survival is not None and not rounds:
         raise InvalidCompletion("survival rows belong to speculative rounds")
     return Checked(head, records, tokens, counts, eos, bool(np.count_nonzero(lanes.prompt_tokens)),
-                   all_produced, single)
+                   all_produced, single, handles)
 
 
 def _first_problem(lanes, records, live, speculative) -> None:
@@ -285,14 +289,15 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         for j, row in zip(lane_index or range(len(r)), r.tolist()):
             if not lanes.prompt_tokens[j]:  # a mixed graph's prompt row learns no acceptance
                 _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
-    handles, tokens = lanes.handle, checked.tokens
+    handles, tokens = checked.handles, checked.tokens
     if lane_index is not None:
-        handles, tokens = handles[act], [tokens[j] for j in lane_index]
+        handles, tokens = lanes.handle[act].tolist(), [tokens[j] for j in lane_index]
+    elif handles is None:
+        handles = lanes.handle.tolist()
     # A live lane has no finish reason until set_finish gives it one (which makes it done).
     finishes = map(t.finish.__getitem__, r.tolist()) if finished else repeat(None)
     # GeneratedTokens built by tuple.__new__ over zipped columns: a named tuple's own __new__
     # is a Python call per lane.
-    handles = handles.tolist()
     out = map(tuple.__new__, repeat(GeneratedToken), zip(
         handles, repeat(frame.fence), tokens, finishes, first.tolist()))
     if produced is not None:  # a lane that produced nothing publishes only its finish

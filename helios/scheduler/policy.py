@@ -22,6 +22,7 @@ at most B x C.
 from __future__ import annotations
 
 import math
+from math import expm1
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import neg
@@ -202,18 +203,19 @@ def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
     1e-9 covers the rounding of the sums (about n ulps), so a pruned candidate's computed score is
     strictly below the incumbent's: the selection is the same as without pruning."""
     stall_sums = None
+    tau, slope, total = pool.tau_ms, pool.age_slope, pool.stall_total
 
     def below(m: int, t_ms: float, x: float) -> bool:
         nonlocal stall_sums
-        growth = stall_growth(t_ms, pool.tau_ms)
-        gain = (base_sums[m] + pool.age_slope * m * t_ms) / t_ms
+        growth = expm1(min(t_ms / tau, 700.0))  # stall_growth(t_ms, tau), inlined: called per capacity
+        gain = (base_sums[m] + slope * m * t_ms) / t_ms
         wait = 0.5 * t_ms * waiting
-        margin = 1e-9 * (abs(gain) + wait + pool.stall_total * growth / t_ms) + 1e-300
+        margin = 1e-9 * (abs(gain) + wait + total * growth / t_ms) + 1e-300
         if gain - wait + margin < x:
             return True
         if stall_sums is None:
             stall_sums = [0.0, *accumulate(np.sort(pool.stall)[::-1].tolist())]
-        return gain - wait - (pool.stall_total - stall_sums[m]) * growth / t_ms + margin < x
+        return gain - wait - (total - stall_sums[m]) * growth / t_ms + margin < x
     return below
 
 
