@@ -102,7 +102,6 @@ class Scheduler:
 
     def admit(self, request: RequestSpec, now_ns: int) -> RequestHandle:
         self.advance_to(now_ns)
-        self._stamp += 1
         self.publications.flush()
         if request.prompt_tokens + 1 > self.config.max_context:
             raise InvalidRequest(f"prompt of {request.prompt_tokens} tokens leaves no room in a "
@@ -114,6 +113,7 @@ class Scheduler:
             raise InvalidRequest("the catalog has no prefill graph to consume the prompt")
         if self.resources.extent_pages(request) > self.resources.total_pages:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
+        self._stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
         self.requests.add(handle, request, self._starting_log_rate())
@@ -137,7 +137,6 @@ class Scheduler:
     def cancel(self, handle: RequestHandle, now_ns: int, reason: FinishReason = FinishReason.CANCELLED) -> None:
         """Stop selecting the request now; its slot and pages stay owned through its last fence."""
         self.advance_to(now_ns)
-        self._stamp += 1
         self.publications.flush()
         t = self.requests
         row = t.row(handle)
@@ -147,6 +146,7 @@ class Scheduler:
             raise UnknownRequest(f"unknown request handle {handle}")
         if t.phase[row] == DONE:
             return
+        self._stamp += 1
         t.cancelled[row] = True
         t.set_finish(row, reason)
         t.update_phase([row])
@@ -419,9 +419,9 @@ class Scheduler:
         return (2, self.config.request_slots, self.config.draft_capacity)
 
     def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
-        self._stamp += 1
         checked = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
                                       None if confidence is None else self.sidecar_shape())
+        self._stamp += 1  # validated: the table changes
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
         out, some_done, bursts = apply_completion(self, checked, timing, confidence, survival)
@@ -453,9 +453,9 @@ class Scheduler:
         """Retire a resident decoding request through a snapshot without completing its
         response; it resumes by restore, with the same tokens as an uninterrupted run."""
         self.advance_to(now_ns)
-        self._stamp += 1
         self.publications.flush()
         self.state.preempt(self.requests, handle, now_ns)
+        self._stamp += 1
 
     def restores_checkpoints(self) -> bool:
         """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back
