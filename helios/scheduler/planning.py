@@ -80,20 +80,17 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
-    phase = t.phase[rows]
-    handles = t.handle[rows]
+    phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
     queued_prompt = t.queued_prompt[rows]
     cursor = t.prompt_done[rows] + queued_prompt
     produced = t.output_done[rows] + t.queued_output[rows]
-    active = phase == DECODE
-    act = active.nonzero()[0]
     # Decoders with output and context left; prompts with unqueued tokens and nothing queued.
-    room = (produced < t.max_output[rows]) & (cursor + produced < max_context)
+    room = (produced < max_output) & (cursor + produced < max_context)
     if len(act) == len(rows):  # everyone decodes (the steady state): no prompt to consider
-        dec = room.nonzero()[0]  # `active` is all true: the same rows without the mask
+        dec = room.nonzero()[0]  # every row is active: the same rows without the mask
         pre = _NO_ROWS
     else:
-        dec = (active & room).nonzero()[0]
+        dec = ((phase == DECODE) & room).nonzero()[0]
         pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
     # Prompt prices are elementwise: computed only when some prompt can be served.
     lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, with_prompt=len(pre) > 0)

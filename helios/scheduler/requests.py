@@ -88,6 +88,7 @@ class RequestTable:
         # live_rows() until a phase or a row's request changes (update_phase, add, remove, _grow
         # are the only writers of the phase and handle columns): most decisions end no request.
         self._live: np.ndarray | None = None
+        self._live_columns: tuple | None = None  # (live rows, *live_columns(them))
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -190,6 +191,25 @@ class RequestTable:
         rows.setflags(write=False)
         self._live = rows
         return rows
+
+    def live_columns(self, rows: np.ndarray) -> tuple:
+        """(phase, handle, max_output, positions of the decoding rows) at `rows`, read-only; for
+        the current live_rows() array, computed once with it (none of them can change before it
+        does: the phase and handle columns change only with the live rows, max_output never)."""
+        live = self._live
+        if rows is not live or live is None:
+            return self._columns_at(rows)
+        cols = self._live_columns
+        if cols is None or cols[0] is not live:
+            cols = self._live_columns = (live, *self._columns_at(live))
+        return cols[1:]
+
+    def _columns_at(self, rows: np.ndarray) -> tuple:
+        phase = self.phase[rows]
+        cols = (phase, self.handle[rows], self.max_output[rows], (phase == DECODE).nonzero()[0])
+        for col in cols:
+            col.setflags(write=False)
+        return cols
 
     def live_count(self) -> int:
         """len(live_rows()), from its cached rows when they are current."""
