@@ -111,6 +111,28 @@ def _by_capacity(shapes) -> tuple:
     return by_identity(_BY_CAPACITY, shapes, lambda ss: tuple(sorted(ss, key=lambda s: s.batch_capacity)), 256)
 
 
+_COHORTS: dict[tuple[int, int], tuple] = {}
+
+
+def _cohorts(shapes, n: int) -> tuple:
+    """(shape, m) in capacity order for each capacity whose cohort m = min(B, n) no smaller
+    capacity already serves, once per (shape tuple, lane count). The entry keeps the ordered
+    tuple alive, so its id cannot be reused while cached."""
+    ordered = _by_capacity(shapes)
+    hit = _COHORTS.get((id(ordered), n))
+    if hit is None or hit[0] is not ordered:
+        taken, cohorts = set(), []
+        for shape in ordered:
+            m = min(shape.batch_capacity, n)
+            if m not in taken:  # else a smaller capacity already serves exactly this cohort
+                taken.add(m)
+                cohorts.append((shape, m))
+        if len(_COHORTS) >= 4096:
+            _COHORTS.clear()
+        hit = _COHORTS[(id(ordered), n)] = (ordered, tuple(cohorts))
+    return hit[1]
+
+
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
     """`lru`: the members' most recent service, when the caller already knows it."""
     n = len(c.members)
@@ -155,12 +177,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     out: list[Candidate | None] = []
     reranked = []  # (position in out, shape, m, t_ms, state): cohorts needing their own order
     best_known = -math.inf  # the best score among exact candidates with a known duration
-    taken = set()
-    for shape in _by_capacity(shapes):
-        m = min(shape.batch_capacity, n)
-        if m in taken:  # a smaller capacity already serves exactly this cohort
-            continue
-        taken.add(m)
+    for shape, m in _cohorts(shapes, n):
         t_ms, state = costs(shape)
         if stalled and m < n and t_ms is not None:
             reranked.append((len(out), shape, m, t_ms, state))
