@@ -142,3 +142,20 @@ def test_live_rows_cache_follows_every_phase_change():
             check()
             s.admit(spec(prompt=32, out=3), s.now_ns)
             check()
+
+
+def test_cost_estimate_is_the_median_of_the_window_when_a_sample_repeats_the_evicted_one():
+    import random
+
+    from helios.scheduler.cost import WINDOW, CostTable, median
+
+    rng = random.Random(3)
+    table, shape, window, changes = CostTable(ttl_ns=1 << 60), decode(4), [], 0
+    for i in range(600):
+        sample = rng.choice([100, 120, 130, 150, 1000]) if i % 50 < 40 else 120  # runs of repeats too
+        before = table.estimate_ns(shape)
+        table.observe(shape, sample, i)
+        window = (window + [sample])[-WINDOW:]
+        assert table.estimate_ns(shape) == max(1, int(round(median(window))))
+        changes += table.estimate_ns(shape) != before
+    assert table.version == changes
