@@ -68,6 +68,9 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
     pending = rows if every else rows[produced]
     t.pending_fence[pending] = frame.fence
     t.pending_delta_ms[pending] = delta_ms
+    # Every lane produced, every participant with a delivery history, lanes and participants
+    # the same rows: what the publication of these rows for this fence will read (flush).
+    t.pending_batch = (rows, frame.fence, z, delta_ms) if every and with_z is rows and rows is frame.rows else None
 
 
 class Publications:
@@ -92,8 +95,18 @@ class Publications:
         batches, self.reported = self.reported, []
         # Usually one frame's publications at one time: scalars then stand for whole columns.
         _, fence, time = batches[0]
+        batch, t.pending_batch = t.pending_batch, None
         if len(batches) == 1:
             rows = batches[0][0]
+            if batch is not None and rows is batch[0] and fence == batch[1]:
+                # The bursts of the last accounted frame (Scheduler.published_outputs): every row
+                # resolves its pending delivery, none is a first burst, the pending values are the
+                # accounted ones. The general path below computes the same from the columns.
+                t.last_publication_ns[rows] = time
+                t.has_publication[rows] = True
+                t.has_pending[rows] = False
+                t.log_z[rows] = ewma_log(batch[2], batch[3], 1.0, self.tau_ms)
+                return
             if type(rows) is not np.ndarray:
                 rows = np.fromiter(rows, np.int64, len(rows))
         else:

@@ -89,6 +89,9 @@ class RequestTable:
         # are the only writers of the phase and handle columns): most decisions end no request.
         self._live: np.ndarray | None = None
         self._live_columns: tuple | None = None  # (live rows, *live_columns(them))
+        # (rows, fence, pending log z, delta) of the last accounted frame whose publication can
+        # skip reading the pending columns back (accounting.py); cleared by any other write to them.
+        self.pending_batch: tuple | None = None
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -140,6 +143,7 @@ class RequestTable:
         self.log_z[row] = np.nan
         self.pending_delta_ms[row] = 0.0
         self.pending_log_z[row] = np.nan
+        self.pending_batch = None
         self.update_phase(np.array([row]))
         return row
 

@@ -1,7 +1,8 @@
 """The decision's shortcuts against the general paths they skip, on the same inputs: commit's
 planner-resolved rows (ScheduledPlan.resolved), the publication of a completion's bursts by their
-cached rows, and the table's cached live rows. Each shortcut must leave exactly the state the
-general path leaves."""
+cached rows and its flush by the accounted pending values, the table's cached live rows, and the
+cost window's median kept when a sample repeats the evicted one. Each shortcut must leave exactly
+the state the general path leaves."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def _run(shortcuts: bool, decisions: int = 40, cancel_at: int | None = None):
     s = make(TABLE)
     for i in range(6):
         s.admit(spec(prompt=40 + 10 * i, out=3 + 4 * i), 0)
-    fence, outs, taken = 0, [], [0, 0]  # commits and publications that took the shortcut
+    fence, outs, taken = 0, [], [0, 0, 0]  # commits, publications and flushes that took the shortcut
     for k in range(decisions):
         if cancel_at is not None and k == cancel_at:
             s.cancel(2, s.now_ns)
@@ -51,8 +52,10 @@ def _run(shortcuts: bool, decisions: int = 40, cancel_at: int | None = None):
             s.published_outputs(visible if shortcuts else tuple(visible), fence)
             reported = s.publications.reported  # empty when every handle had retired
             taken[1] += bool(reported) and type(reported[-1][0]) is np.ndarray
+            batch = s.requests.pending_batch  # the flush reuses the accounted pending values
+            taken[2] += bool(reported) and batch is not None and reported[-1][0] is batch[0]
         outs.append([tuple(g) for g in out])
-    assert (min(taken) > 0) if shortcuts else taken == [0, 0]
+    assert (min(taken) > 0) if shortcuts else taken == [0, 0, 0]
     return s, outs
 
 
