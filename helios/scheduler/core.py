@@ -243,8 +243,12 @@ class Scheduler:
         elif kind is GraphKind.DECODE:
             # Values are the scaled lane values at the winner's duration.
             values = view.decode.base[winner.members] + view.decode.age_slope * t_ms
-            rows = view.decode_rows[winner.members]
-            lanes = decode_lanes(self.requests, rows, values)
+            rows, members = view.decode_rows[winner.members], winner.members
+            if view.decode_cursor is None:
+                lanes = decode_lanes(self.requests, rows, values)
+            else:  # the view's cursors and outputs at these rows: the table's, without reading it again
+                lanes = decode_lanes(self.requests, rows, values, view.decode_cursor[members],
+                                     view.decode_produced[members])
         else:
             rows = view.prefill[kind][1][winner.members]
             lanes = prefill_lanes(self.requests, rows, winner.works)

@@ -56,14 +56,20 @@ def _common(t: RequestTable, rows: np.ndarray) -> dict:
                 prompt_start=cursor, context_tokens=cursor + t.output_done[rows] + t.queued_output[rows])
 
 
-def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = None) -> PlanLanes:
-    """One output row per lane; `values` are the scaled lane values (zero for baselines)."""
+def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = None,
+                 cursor: np.ndarray | None = None, produced: np.ndarray | None = None) -> PlanLanes:
+    """One output row per lane; `values` are the scaled lane values (zero for baselines).
+    `cursor` and `produced`: the rows' committed-plus-queued prompt and output, when the caller
+    has them (the same integers the table gives)."""
     zeros, ones, one, zero, false = _decode_constants(len(rows))
     # The hot path's columns all come from the table or the read-only constants, with their
     # dtypes: built without re-checking them (only `values` comes from the caller).
-    cursor = t.prompt_done[rows] + t.queued_prompt[rows]
-    fresh = (t.handle[rows], t.epoch[rows], t.version[rows], t.slot[rows], cursor,
-             cursor + t.output_done[rows] + t.queued_output[rows],
+    if cursor is None:
+        cursor = t.prompt_done[rows] + t.queued_prompt[rows]
+        context = cursor + t.output_done[rows] + t.queued_output[rows]
+    else:
+        context = cursor + produced
+    fresh = (t.handle[rows], t.epoch[rows], t.version[rows], t.slot[rows], cursor, context,
              zero if values is None else np.asarray(values, np.float64))
     # A host-feedback request with a fence in flight needs that fence's result first; without
     # such a request the column is the shared all-false constant (the same values).

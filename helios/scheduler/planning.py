@@ -29,6 +29,10 @@ class PlanningView:
     decode: LanePool  # decoders, with speculative arrays filled when speculation is loaded
     decode_rows: np.ndarray  # table row of each decode pool entry
     prefill: dict[GraphKind, tuple[LanePool, np.ndarray]]  # pool and table rows per prefill kind
+    # When the decode pool is every row in table order: its prompt cursors and produced outputs
+    # (committed plus queued), which decode lanes would otherwise read back from the table.
+    decode_cursor: np.ndarray | None = None
+    decode_produced: np.ndarray | None = None
 
 
 def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float):
@@ -173,7 +177,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         if policy.stall_bound_ms is not None:
             prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode.costs)
         prefill[kind] = (prompts, prow)
-    return PlanningView(scale, c * s * n_active, pool, drows, prefill)
+    return PlanningView(scale, c * s * n_active, pool, drows, prefill, *((cursor, produced) if whole else ()))
 
 
 def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_value, speculation, policy,

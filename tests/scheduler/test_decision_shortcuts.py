@@ -15,7 +15,7 @@ from helios.errors import StalePlan
 from helios.scheduler import ExecutionTiming
 from helios.scheduler.requests import DONE
 
-from conftest import MS, decode, make, prefill, records_for, spec
+from conftest import MS, decode, make, prefill, records_for, spec, step
 
 TABLE = {decode(1): 1.0, decode(2): 1.1, decode(4): 1.3, decode(8): 1.6, prefill(64): 2.0, prefill(64, 4): 3.0}
 COLUMNS = ("handle", "epoch", "version", "slot", "prompt_done", "output_done", "queued_prompt", "queued_output",
@@ -162,3 +162,20 @@ def test_cost_estimate_is_the_median_of_the_window_when_a_sample_repeats_the_evi
         assert table.estimate_ns(shape) == max(1, int(round(median(window))))
         changes += table.estimate_ns(shape) != before
     assert table.version == changes
+
+
+def test_decode_lanes_from_the_views_cursors_equal_the_tables():
+    from helios.scheduler.lanes import decode_lanes
+
+    s = make(TABLE)
+    for i in range(5):
+        s.admit(spec(prompt=40 + 8 * i, out=50), 0)
+    fence = 0
+    while (view := s._view()) is None or view.decode_cursor is None or len(view.decode_rows) < 5:
+        fence += 1
+        step(s, s.plan(), fence)
+    members = np.arange(len(view.decode_rows))[::-1]
+    rows = view.decode_rows[members]
+    values = view.decode.base[members]
+    assert decode_lanes(s.requests, rows, values) == decode_lanes(
+        s.requests, rows, values, view.decode_cursor[members], view.decode_produced[members])
