@@ -15,6 +15,7 @@ from helios.scheduler.plan import Fence
 from helios.scheduler.queue import Frame
 from helios.scheduler.requests import RequestTable
 from helios.scheduler.service import ewma_log
+from helios.scheduler.utility import count_nonzero
 
 
 def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
@@ -35,7 +36,7 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
     # A cancelled handle cannot charge anyone, even a later request reusing its row.
     keep = None if intact else (t.occupied[rows] & (t.handle[rows] == frame.participant_handles)
                                 & (t.epoch[rows] == frame.participant_epochs))
-    whole = intact or np.count_nonzero(keep) == len(keep)
+    whole = intact or count_nonzero(keep) == len(keep)
     if rows is frame.rows and whole:
         # Commit found the lanes to be every participant (the steady state): the served columns
         # are participant-aligned already, with no table-sized scatter and gather.
@@ -50,10 +51,10 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
             rows = rows[keep]
         tokens, produced = tokens[rows], produced[rows]
     t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens, tau_ms)
-    every = produced is True or np.count_nonzero(produced) == len(produced)
+    every = produced is True or count_nonzero(produced) == len(produced)
     log_z = t.log_z[rows]
     has_z = log_z == log_z  # not NaN
-    if np.count_nonzero(has_z) == len(has_z):  # every participant has a delivery history
+    if count_nonzero(has_z) == len(has_z):  # every participant has a delivery history
         with_z, z, hz_produced = rows, log_z, produced
     else:
         with_z, z = rows[has_z], log_z[has_z]
@@ -119,7 +120,7 @@ class Publications:
         t.last_publication_ns[rows] = time  # nondecreasing: the last report of a row wins
         t.has_publication[rows] = True
         resolved = t.has_pending[rows] & (t.pending_fence[rows] == fence)
-        k = np.count_nonzero(resolved)
+        k = count_nonzero(resolved)
         if not k:
             return
         if k != len(resolved):  # usually every published row resolves its pending delivery
@@ -134,7 +135,7 @@ class Publications:
         single = type(fence) is int
         delta = t.pending_delta_ms.item(rows[0]) if single else t.pending_delta_ms[rows]
         # The first burst is one delivery over its frame; later ones fold one delivery in.
-        if np.count_nonzero(first):
+        if count_nonzero(first):
             t.log_z[rows[first]] = -np.log(t.pending_delta_ms[rows[first]])
             later = ~first
             rows, before = rows[later], before[later]

@@ -14,6 +14,7 @@ from helios.scheduler.accounting import account_interval
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason
 from helios.scheduler.queue import ExecutionQueue, Frame
 from helios.scheduler.requests import DONE, RequestTable
+from helios.scheduler.utility import count_nonzero
 
 
 @dataclass(slots=True)
@@ -114,8 +115,8 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         tokens = [tuple(map(int, r.tokens)) for r in records]
         counts = np.fromiter((len(r.tokens) for r in records), np.int64, len(records))
         eos = np.fromiter((r.eos for r in records), bool, len(records))
-        all_produced = bool(np.count_nonzero(counts) == len(counts))
-        single = all_produced and bool(np.count_nonzero(counts == 1) == len(counts))
+        all_produced = bool(count_nonzero(counts) == len(counts))
+        single = all_produced and bool(count_nonzero(counts == 1) == len(counts))
     if speculative or kind is GraphKind.MIXED:
         live = table.phase[head.rows] != DONE if live is None else np.asarray(live)
         if speculative:
@@ -133,7 +134,7 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         _validate_sidecars(confidence, sidecar_shape)
     if survival is not None and not rounds:
         raise InvalidCompletion("survival rows belong to speculative rounds")
-    return Checked(head, records, tokens, counts, eos, bool(np.count_nonzero(lanes.prompt_tokens)),
+    return Checked(head, records, tokens, counts, eos, bool(count_nonzero(lanes.prompt_tokens)),
                    all_produced, single, handles)
 
 
@@ -250,7 +251,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     t.version[rows] += 1
     # Cancelled or already finished lanes: their results are discarded.
     act = None if intact else (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
-    whole = intact or np.count_nonzero(act) == len(act)
+    whole = intact or count_nonzero(act) == len(act)
     if whole:
         r, n, lane_index = rows, counts, None
     else:
@@ -266,10 +267,10 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     t.output_done[r] = after
     published = t.has_publication[r]
     # Usually every lane has published before: no mask to build.
-    unpublished = None if produced is None and np.count_nonzero(published) == len(published) else ~published
+    unpublished = None if produced is None and count_nonzero(published) == len(published) else ~published
     if unpublished is not None and produced is not None:
         unpublished &= produced
-    if unpublished is not None and np.count_nonzero(unpublished):
+    if unpublished is not None and count_nonzero(unpublished):
         provisional = r[unpublished]  # provisional until the runtime publishes
         t.last_publication_ns[provisional] = now
         t.has_publication[provisional] = True
@@ -279,7 +280,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if eos is not None:
         eos = eos if whole else eos[act]
         finishing |= eos
-    finished = finishing.nonzero()[0].tolist() if np.count_nonzero(finishing) else ()
+    finished = finishing.nonzero()[0].tolist() if count_nonzero(finishing) else ()
     for i in finished:
         reason = (FinishReason.EOS if eos is not None and eos[i] else FinishReason.LENGTH if length[i]
                   else FinishReason.CONTEXT)

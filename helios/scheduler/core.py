@@ -35,7 +35,7 @@ from helios.scheduler.service import PHYSICAL, Normalizers, PriceCoefficients, r
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
 from helios.scheduler.tracelog import TraceLog
-from helios.scheduler.utility import DecodeReference
+from helios.scheduler.utility import DecodeReference, count_nonzero
 from helios.scheduler.queue import ExecutionQueue, Frame
 
 RETIRED_MEMORY = 4096
@@ -357,13 +357,13 @@ class Scheduler:
             if snapshot:  # terminal captures retire through this graph
                 done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
             bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
-            if np.count_nonzero(bad):
+            if count_nonzero(bad):
                 i = int(np.argmax(bad))
                 what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
                 raise StalePlan(f"request {lanes.handle[i]} {what}")
             unique = len(set(found)) == len(found)
             new = t.slot[rows] == NO_SLOT
-        newcomers = rows[new] if np.count_nonzero(new) else None
+        newcomers = rows[new] if count_nonzero(new) else None
         if newcomers is not None:
             need = sum(self.resources.extent_pages_of(t, newcomers).tolist())
             if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
@@ -376,7 +376,7 @@ class Scheduler:
         start = self.queue.expected_end_ns(now)
         end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
         self._decisions += 1
-        if np.count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
+        if count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
             t.queued_prompt[rows] += lanes.prompt_tokens
         t.queued_output[rows] += lanes.output_rows
         t.inflight[rows] += 1
@@ -438,7 +438,7 @@ class Scheduler:
         if some_done or self.state.enabled:  # else every lane is still live: none can retire
             self._retire_idle(rows)
         # A lane still live is something left to run (state operations end no request).
-        if not len(self.queue) and (some_done or not len(rows)) and not np.count_nonzero(self.requests.phase != DONE):
+        if not len(self.queue) and (some_done or not len(rows)) and not count_nonzero(self.requests.phase != DONE):
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
 

@@ -14,6 +14,7 @@ from helios.graphs import GraphKind, GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.plan import PlanLanes
 from helios.scheduler.requests import RequestTable
+from helios.scheduler.utility import count_nonzero
 
 
 def _filled(value, dtype):
@@ -74,7 +75,7 @@ def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = 
     # A host-feedback request with a fence in flight needs that fence's result first; without
     # such a request the column is the shared all-false constant (the same values).
     feedback = t.host_feedback[rows]
-    if np.count_nonzero(feedback):
+    if count_nonzero(feedback):
         feedback &= t.inflight[rows] > 0
         feedback.setflags(write=False)
     else:
@@ -126,4 +127,4 @@ def ordinary_lanes(t: RequestTable, shape: GraphShape, rows: np.ndarray, works: 
 def requires_feedback(shape: GraphShape, state: CostState, lanes: PlanLanes) -> bool:
     """A plan needs an empty window when its graph cannot queue, its cost is not fresh, or a
     lane needs host feedback."""
-    return not shape.kind.queueable or state is not CostState.FRESH or np.count_nonzero(lanes.needs_feedback) > 0
+    return not shape.kind.queueable or state is not CostState.FRESH or count_nonzero(lanes.needs_feedback) > 0

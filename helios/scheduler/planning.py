@@ -15,7 +15,7 @@ from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices
-from helios.scheduler.utility import DecodeReference, shared_log_scale
+from helios.scheduler.utility import DecodeReference, count_nonzero, shared_log_scale
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
@@ -130,7 +130,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         ref = np.where(has_delivery[dec], delivery_ns[dec], ref)
         known = known | has_delivery[dec]
     ages = np.maximum(0, start_ns - ref) / 1e6
-    if np.count_nonzero(known) != len(known):  # skipped in the steady state, where every decoder has published
+    if count_nonzero(known) != len(known):  # skipped in the steady state, where every decoder has published
         ages[~known] = 0.0
     # The scale is the largest of these logs, so no exponent overflows.
     output_value = np.exp(lo_dec - scale)

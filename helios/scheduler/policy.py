@@ -31,7 +31,9 @@ import numpy as np
 
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
-from helios.scheduler.utility import by_identity, prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth
+from helios.scheduler.utility import (
+    by_identity, count_nonzero, prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth,
+)
 
 
 @dataclass(slots=True)
@@ -112,6 +114,8 @@ def _by_capacity(shapes) -> tuple:
 
 
 _COHORTS: dict[tuple[int, int], tuple] = {}
+_ALONE = np.zeros(1, dtype=np.int64)  # a lone lane's order (what ranked_lanes returns for it)
+_ALONE.setflags(write=False)
 
 
 def _cohorts(shapes, n: int) -> tuple:
@@ -165,7 +169,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     n = len(pool.handles)
     if n == 0:
         return []
-    order = ranked_lanes(pool.base, pool.lru, pool.slots)
+    order = ranked_lanes(pool.base, pool.lru, pool.slots) if n > 1 else _ALONE  # one lane ranks first
     # Running sums as a list (indexed per capacity below): numpy's add.accumulate adds left to
     # right as itertools.accumulate does, so the sums are the same floats, in one C loop.
     sums = [0.0, *np.add.accumulate(pool.base[order]).tolist()]
@@ -299,7 +303,7 @@ def _packed(pool: LanePool, members: np.ndarray, works: np.ndarray, shape: Graph
     rows = works.tolist()
     spare = shape.batch_capacity * c - sum(rows)
     spare_sq = shape.batch_capacity * c * c - sum(w * w for w in rows)
-    if spare <= 0 or not np.count_nonzero(left > works):
+    if spare <= 0 or not count_nonzero(left > works):
         return works, value
     for i, (w, total) in enumerate(zip(rows, left.tolist())):
         if spare <= 0:

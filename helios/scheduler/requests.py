@@ -15,6 +15,7 @@ import numpy as np
 
 from helios.scheduler.plan import NO_SLOT, FinishReason, RequestHandle, RequestSpec
 from helios.scheduler.speculation import SpeculationColumns
+from helios.scheduler.utility import count_nonzero
 
 
 
@@ -218,7 +219,7 @@ class RequestTable:
     def live_count(self) -> int:
         """len(live_rows()), from its cached rows when they are current."""
         live = self._live
-        return len(live) if live is not None else int(np.count_nonzero(self.phase != DONE))
+        return len(live) if live is not None else int(count_nonzero(self.phase != DONE))
 
     def prompt_left(self, rows) -> np.ndarray:
         """Uncommitted, unqueued prompt tokens."""
