@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Iterator, NamedTuple, Sequence
 
@@ -186,6 +186,11 @@ class ScheduledPlan:
             object.__setattr__(self, "lanes", PlanLanes.of(self.lanes))
         if self.shape.kind is GraphKind.MIXED:
             _check_mixed_roles(self.shape, self.lanes)
+
+    def __reduce__(self):
+        # A plan travels (pickled to tensor-parallel ranks, copied) without the planner's resolved
+        # rows: they name the scheduler's own table, and commit checks a plan without them in full.
+        return ScheduledPlan, tuple(getattr(self, f.name) for f in fields(self) if f.name != "resolved")
 
     def selection_value_rate(self) -> float:
         return self.score

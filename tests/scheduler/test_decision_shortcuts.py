@@ -179,3 +179,18 @@ def test_decode_lanes_from_the_views_cursors_equal_the_tables():
     values = view.decode.base[members]
     assert decode_lanes(s.requests, rows, values) == decode_lanes(
         s.requests, rows, values, view.decode_cursor[members], view.decode_produced[members])
+
+
+def test_a_pickled_or_copied_plan_leaves_its_resolved_rows_behind():
+    import copy
+    import pickle
+
+    s = make(TABLE)
+    for _ in range(3):
+        s.admit(spec(prompt=64, out=8), 0)
+    plan = s.plan()
+    assert plan.resolved is not None and plan.resolved[0] is s.requests
+    for other in (pickle.loads(pickle.dumps(plan)), copy.copy(plan), copy.deepcopy(plan)):
+        assert other == plan and other.resolved is None and other.lanes == plan.lanes
+    s.commit(pickle.loads(pickle.dumps(plan)), 1)  # checked in full, and valid
+    assert s.queue.head().rows.tolist() == plan.resolved[3].tolist()
