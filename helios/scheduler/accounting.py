@@ -15,6 +15,7 @@ from helios.scheduler.plan import Fence
 from helios.scheduler.queue import Frame
 from helios.scheduler.requests import RequestTable
 from helios.scheduler.service import ewma_log
+from helios.scheduler.utility import count_nonzero
 
 
 def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
@@ -35,7 +36,7 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
     # A cancelled handle cannot charge anyone, even a later request reusing its row.
     keep = None if intact else (t.occupied[rows] & (t.handle[rows] == frame.participant_handles)
                                 & (t.epoch[rows] == frame.participant_epochs))
-    whole = intact or np.count_nonzero(keep) == len(keep)
+    whole = intact or count_nonzero(keep) == len(keep)
     if rows is frame.rows and whole:
         # Commit found the lanes to be every participant (the steady state): the served columns
         # are participant-aligned already, with no table-sized scatter and gather.
@@ -50,10 +51,10 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
             rows = rows[keep]
         tokens, produced = tokens[rows], produced[rows]
     t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens, tau_ms)
-    every = produced is True or np.count_nonzero(produced) == len(produced)
+    every = produced is True or count_nonzero(produced) == len(produced)
     log_z = t.log_z[rows]
     has_z = log_z == log_z  # not NaN
-    if np.count_nonzero(has_z) == len(has_z):  # every participant has a delivery history
+    if count_nonzero(has_z) == len(has_z):  # every participant has a delivery history
         with_z, z, hz_produced = rows, log_z, produced
     else:
         with_z, z = rows[has_z], log_z[has_z]
@@ -68,6 +69,9 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
     pending = rows if every else rows[produced]
     t.pending_fence[pending] = frame.fence
     t.pending_delta_ms[pending] = delta_ms
+    # Every lane produced, every participant with a delivery history, lanes and participants
+    # the same rows: what the publication of these rows for this fence will read (flush).
+    t.pending_batch = (rows, frame.fence, z, delta_ms) if every and with_z is rows and rows is frame.rows else None
 
 
 class Publications:
@@ -79,7 +83,8 @@ class Publications:
         self.table = table
         self.tau_ms = tau_ms
         # (rows, fence, time) batches in report order; the scheduler appends to it directly.
-        self.reported: list[tuple[list[int], Fence, int]] = []
+        # Rows are a list, or a completion's read-only row array (Scheduler.published_outputs).
+        self.reported: list[tuple[list[int] | np.ndarray, Fence, int]] = []
 
     def flush(self) -> None:
         """Publication resets the output age; the publication of the frame a request's pending
@@ -91,8 +96,20 @@ class Publications:
         batches, self.reported = self.reported, []
         # Usually one frame's publications at one time: scalars then stand for whole columns.
         _, fence, time = batches[0]
+        batch, t.pending_batch = t.pending_batch, None
         if len(batches) == 1:
-            rows = np.fromiter(batches[0][0], np.int64, len(batches[0][0]))
+            rows = batches[0][0]
+            if batch is not None and rows is batch[0] and fence == batch[1]:
+                # The bursts of the last accounted frame (Scheduler.published_outputs): every row
+                # resolves its pending delivery, none is a first burst, the pending values are the
+                # accounted ones. The general path below computes the same from the columns.
+                t.last_publication_ns[rows] = time
+                t.has_publication[rows] = True
+                t.has_pending[rows] = False
+                t.log_z[rows] = ewma_log(batch[2], batch[3], 1.0, self.tau_ms)
+                return
+            if type(rows) is not np.ndarray:
+                rows = np.fromiter(rows, np.int64, len(rows))
         else:
             sizes = [len(b[0]) for b in batches]
             rows = np.fromiter(chain.from_iterable(b[0] for b in batches), np.int64, sum(sizes))
@@ -102,9 +119,12 @@ class Publications:
                 time = np.repeat(np.fromiter((b[2] for b in batches), np.int64, len(batches)), sizes)
         t.last_publication_ns[rows] = time  # nondecreasing: the last report of a row wins
         t.has_publication[rows] = True
-        rows = rows[t.has_pending[rows] & (t.pending_fence[rows] == fence)]
-        if not len(rows):
+        resolved = t.has_pending[rows] & (t.pending_fence[rows] == fence)
+        k = count_nonzero(resolved)
+        if not k:
             return
+        if k != len(resolved):  # usually every published row resolves its pending delivery
+            rows = rows[resolved]
         # A row reported twice for its pending fence resolves to the same values twice (every
         # value below is computed before any is stored): the delivery still counts once.
         t.has_pending[rows] = False
@@ -115,7 +135,7 @@ class Publications:
         single = type(fence) is int
         delta = t.pending_delta_ms.item(rows[0]) if single else t.pending_delta_ms[rows]
         # The first burst is one delivery over its frame; later ones fold one delivery in.
-        if np.count_nonzero(first):
+        if count_nonzero(first):
             t.log_z[rows[first]] = -np.log(t.pending_delta_ms[rows[first]])
             later = ~first
             rows, before = rows[later], before[later]

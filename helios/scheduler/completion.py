@@ -14,6 +14,7 @@ from helios.scheduler.accounting import account_interval
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason
 from helios.scheduler.queue import ExecutionQueue, Frame
 from helios.scheduler.requests import DONE, RequestTable
+from helios.scheduler.utility import count_nonzero
 
 
 @dataclass(slots=True)
@@ -49,6 +50,7 @@ class Checked:
     prompt: bool  # some lane consumed prompt tokens
     all_produced: bool  # every lane committed at least one token
     single: bool  # every lane committed exactly one token (a plain decode step)
+    handles: list | None = None  # the lanes' handles as a list, when validation read them so
 
 
 _RECORD, _TUPLE, _INT = frozenset((CompletionRecord,)), frozenset((tuple,)), frozenset((int,))
@@ -79,10 +81,12 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
     # tuples of nonnegative ints, the lanes' handles, epochs and prompt tokens, and token counts
     # that fit the lanes. Anything else takes the lane-by-lane checks (_first_problem).
     fast = set(map(type, records)) <= _RECORD
+    handles = None
     if fast:
         tokens = [r.tokens for r in records]
+        handles = lanes.handle.tolist()
         fast = (set(map(type, tokens)) <= _TUPLE
-                and [r.handle for r in records] == lanes.handle.tolist()
+                and [r.handle for r in records] == handles
                 and [r.epoch for r in records] == lanes.epoch.tolist()
                 and [r.prompt_tokens for r in records] == lanes.prompt_tokens.tolist())
     if fast:
@@ -93,7 +97,8 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         fast = (set(map(type, flat)) <= _INT and (not flat or min(flat) >= 0)
                 and not (any_eos and any(e and not c for e, c in zip(eos, counts))))  # eos needs a token
         rows = lanes.output_rows.tolist()
-        if fast and not rounds and counts != rows:
+        as_planned = counts == rows  # usually one token per output row
+        if fast and not rounds and not as_planned:
             # A lane finished or cancelled in flight may return fewer tokens than its rows.
             live = (table.phase[head.rows] != DONE).tolist()
             fast = all(c <= r and (c == r or not l) for c, r, l in zip(counts, rows, live))
@@ -101,16 +106,17 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         single = counts.count(1) == len(counts)
         all_produced = single or 0 not in counts
         # Usually one token per output row: the plan's column is the count column.
-        counts = lanes.output_rows if counts == rows else np.fromiter(counts, np.int64, len(counts))
+        counts = lanes.output_rows if as_planned else np.fromiter(counts, np.int64, len(counts))
         eos = np.fromiter(eos, bool, len(eos)) if any_eos else None
     else:
+        handles = None
         live = table.phase[head.rows] != DONE
         _first_problem(lanes, records, live, rounds)  # raises, unless only the types differ
         tokens = [tuple(map(int, r.tokens)) for r in records]
         counts = np.fromiter((len(r.tokens) for r in records), np.int64, len(records))
         eos = np.fromiter((r.eos for r in records), bool, len(records))
-        all_produced = bool(np.count_nonzero(counts) == len(counts))
-        single = all_produced and bool(np.count_nonzero(counts == 1) == len(counts))
+        all_produced = bool(count_nonzero(counts) == len(counts))
+        single = all_produced and bool(count_nonzero(counts == 1) == len(counts))
     if speculative or kind is GraphKind.MIXED:
         live = table.phase[head.rows] != DONE if live is None else np.asarray(live)
         if speculative:
@@ -128,8 +134,8 @@ def validate_completion(queue: ExecutionQueue, table: RequestTable, fence, recor
         _validate_sidecars(confidence, sidecar_shape)
     if survival is not None and not rounds:
         raise InvalidCompletion("survival rows belong to speculative rounds")
-    return Checked(head, records, tokens, counts, eos, bool(np.count_nonzero(lanes.prompt_tokens)),
-                   all_produced, single)
+    return Checked(head, records, tokens, counts, eos, bool(count_nonzero(lanes.prompt_tokens)),
+                   all_produced, single, handles)
 
 
 def _first_problem(lanes, records, live, speculative) -> None:
@@ -206,9 +212,10 @@ def _validate_sidecars(confidence, shape) -> None:
 
 
 def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
-                     confidence=None, survival=None) -> tuple[list[GeneratedToken], bool]:
-    """Apply a validated completion. Returns the tokens to publish, and whether some lane of the
-    frame is done (cancelled before, or finished now): only then can a lane's row retire."""
+                     confidence=None, survival=None) -> tuple[list[GeneratedToken], bool, tuple | None]:
+    """Apply a validated completion. Returns the tokens to publish, whether some lane of the
+    frame is done (cancelled before, or finished now): only then can a lane's row retire, and
+    (handles, rows) of the bursts when there is one per lane (else None), in burst order."""
     frame, records, counts = checked.frame, checked.records, checked.token_counts
     now, t = sched.now_ns, sched.requests
     plan, shape = frame.plan, frame.plan.shape
@@ -217,7 +224,9 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     # every participant still holds its request (RequestTable.turnover).
     intact = frame.turnover == t.turnover
     interval = timing.device_interval_ns()
-    sched.costs.observe(shape, timing.cost_sample_ns(), now)
+    # timing.cost_sample_ns(), from the interval already aggregated over ranks.
+    sample = None if interval is None else interval - (timing.readiness_delay_ns or 0)
+    sched.costs.observe(shape, sample if sample is not None and sample > 0 else None, now)
     raw = interval
     if frame.isolated and timing.wall_ns:
         raw = max(raw or 0, timing.wall_ns)
@@ -242,7 +251,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     t.version[rows] += 1
     # Cancelled or already finished lanes: their results are discarded.
     act = None if intact else (t.phase[rows] != DONE) & (t.epoch[rows] == lanes.epoch)
-    whole = intact or np.count_nonzero(act) == len(act)
+    whole = intact or count_nonzero(act) == len(act)
     if whole:
         r, n, lane_index = rows, counts, None
     else:
@@ -256,10 +265,12 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         t.prompt_done[r] += lanes.prompt_tokens if whole else lanes.prompt_tokens[act]
     after = before + n  # what `+=` would store, without gathering the column a second time
     t.output_done[r] = after
-    unpublished = ~t.has_publication[r]
-    if produced is not None:
+    published = t.has_publication[r]
+    # Usually every lane has published before: no mask to build.
+    unpublished = None if produced is None and count_nonzero(published) == len(published) else ~published
+    if unpublished is not None and produced is not None:
         unpublished &= produced
-    if np.count_nonzero(unpublished):
+    if unpublished is not None and count_nonzero(unpublished):
         provisional = r[unpublished]  # provisional until the runtime publishes
         t.last_publication_ns[provisional] = now
         t.has_publication[provisional] = True
@@ -269,7 +280,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if eos is not None:
         eos = eos if whole else eos[act]
         finishing |= eos
-    finished = finishing.nonzero()[0].tolist() if np.count_nonzero(finishing) else ()
+    finished = finishing.nonzero()[0].tolist() if count_nonzero(finishing) else ()
     for i in finished:
         reason = (FinishReason.EOS if eos is not None and eos[i] else FinishReason.LENGTH if length[i]
                   else FinishReason.CONTEXT)
@@ -280,18 +291,20 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         for j, row in zip(lane_index or range(len(r)), r.tolist()):
             if not lanes.prompt_tokens[j]:  # a mixed graph's prompt row learns no acceptance
                 _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
-    handles, tokens = lanes.handle, checked.tokens
+    handles, tokens = checked.handles, checked.tokens
     if lane_index is not None:
-        handles, tokens = handles[act], [tokens[j] for j in lane_index]
+        handles, tokens = lanes.handle[act].tolist(), [tokens[j] for j in lane_index]
+    elif handles is None:
+        handles = lanes.handle.tolist()
     # A live lane has no finish reason until set_finish gives it one (which makes it done).
     finishes = map(t.finish.__getitem__, r.tolist()) if finished else repeat(None)
     # GeneratedTokens built by tuple.__new__ over zipped columns: a named tuple's own __new__
     # is a Python call per lane.
     out = map(tuple.__new__, repeat(GeneratedToken), zip(
-        handles.tolist(), repeat(frame.fence), tokens, finishes, first.tolist()))
+        handles, repeat(frame.fence), tokens, finishes, first.tolist()))
     if produced is not None:  # a lane that produced nothing publishes only its finish
-        out = compress(out, (produced | finishing).tolist())
-    return list(out), not whole or bool(finished)
+        return list(compress(out, (produced | finishing).tolist())), not whole or bool(finished), None
+    return list(out), not whole or bool(finished), (handles, r)
 
 
 def _learn_round(sched, frame, lane, rec, row: int, confidence, survival) -> None:

@@ -35,7 +35,7 @@ from helios.scheduler.service import PHYSICAL, Normalizers, PriceCoefficients, r
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
 from helios.scheduler.tracelog import TraceLog
-from helios.scheduler.utility import DecodeReference
+from helios.scheduler.utility import DecodeReference, count_nonzero
 from helios.scheduler.queue import ExecutionQueue, Frame
 
 RETIRED_MEMORY = 4096
@@ -73,6 +73,13 @@ class Scheduler:
         self._next_handle = 0
         self._last_fence: Fence | None = None
         self._decisions = 0  # served lanes record it: 0 is "never served"
+        # Moved by every call that can change the table (admit, cancel, commit, completion,
+        # preempt): a plan made at the current stamp still has the rows, epochs and versions it
+        # read (ScheduledPlan.resolved), and commit need not look them up again.
+        self._stamp = 0
+        # (fence, stamp, handles, rows) of the last completion's bursts: a publication of exactly
+        # those handles, before any call changes the table, reuses their rows (published_outputs).
+        self._bursts: tuple | None = None
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
         self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
@@ -106,6 +113,7 @@ class Scheduler:
             raise InvalidRequest("the catalog has no prefill graph to consume the prompt")
         if self.resources.extent_pages(request) > self.resources.total_pages:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
+        self._stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
         self.requests.add(handle, request, self._starting_log_rate())
@@ -138,6 +146,7 @@ class Scheduler:
             raise UnknownRequest(f"unknown request handle {handle}")
         if t.phase[row] == DONE:
             return
+        self._stamp += 1
         t.cancelled[row] = True
         t.set_finish(row, reason)
         t.update_phase([row])
@@ -223,7 +232,7 @@ class Scheduler:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
         if winner is None:
             return None
-        kind, t_ms = winner.shape.kind, winner.t_ms or 0.0
+        kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
         if kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
             lanes = self.state.lanes(self.requests, kind, winner.table_rows[winner.members],
                                      winner.lane_values[winner.members])
@@ -234,9 +243,15 @@ class Scheduler:
         elif kind is GraphKind.DECODE:
             # Values are the scaled lane values at the winner's duration.
             values = view.decode.base[winner.members] + view.decode.age_slope * t_ms
-            lanes = decode_lanes(self.requests, view.decode_rows[winner.members], values)
+            rows, members = view.decode_rows[winner.members], winner.members
+            if view.decode_cursor is None:
+                lanes = decode_lanes(self.requests, rows, values)
+            else:  # the view's cursors and outputs at these rows: the table's, without reading it again
+                lanes = decode_lanes(self.requests, rows, values, view.decode_cursor[members],
+                                     view.decode_produced[members])
         else:
-            lanes = prefill_lanes(self.requests, view.prefill[kind][1][winner.members], winner.works)
+            rows = view.prefill[kind][1][winner.members]
+            lanes = prefill_lanes(self.requests, rows, winner.works)
         feedback = requires_feedback(winner.shape, winner.cost_state, lanes)
         if len(self.queue) and feedback:
             return None  # the winner needs an empty window: submit nothing until it drains
@@ -245,7 +260,8 @@ class Scheduler:
             reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
         return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
                              feedback, winner.cost_state is CostState.STALE, self.now_ns,
-                             self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device)
+                             self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device,
+                             None if rows is None else (self.requests, self._stamp, lanes, rows))
 
     def _spec_lanes(self, winner, view: PlanningView):
         pool, t = view.decode, winner.t_ms or 0.0
@@ -322,48 +338,58 @@ class Scheduler:
                 raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
             if not plan.requires_feedback:
                 plan = replace(plan, requires_feedback=True, stale_cost=True)
-        handles = lanes.handle.tolist()
-        found = list(map(t.index.get, handles))
-        try:
-            rows = np.fromiter(found, np.int64, len(found))
-        except TypeError:  # a None: the request retired (cheaper than searching for None first)
-            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
-        done = t.phase[rows] == DONE
         snapshot = plan.shape.kind is GraphKind.SNAPSHOT
-        if snapshot:  # terminal captures retire through this graph
-            done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
-        bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
-        if np.count_nonzero(bad):
-            i = int(np.argmax(bad))
-            what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
-            raise StalePlan(f"request {lanes.handle[i]} {what}")
-        new = t.slot[rows] == NO_SLOT
-        newcomers = rows[new] if np.count_nonzero(new) else None
+        res = plan.resolved
+        if res is not None and res[0] is t and res[1] == self._stamp and res[2] is lanes:
+            # Nothing changed the table since planning: the planned rows (distinct, live decode or
+            # prompt rows) still hold these requests at these epochs and versions, and their slots
+            # are the lanes' slot column. The trace turns the read-only handle column into a list.
+            rows, handles, unique = res[3], lanes.handle, True
+            new = lanes.slot == NO_SLOT
+        else:
+            handles = lanes.handle.tolist()
+            found = list(map(t.index.get, handles))
+            try:
+                rows = np.fromiter(found, np.int64, len(found))
+            except TypeError:  # a None: the request retired (cheaper than searching for None first)
+                raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
+            done = t.phase[rows] == DONE
+            if snapshot:  # terminal captures retire through this graph
+                done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
+            bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
+            if count_nonzero(bad):
+                i = int(np.argmax(bad))
+                what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
+                raise StalePlan(f"request {lanes.handle[i]} {what}")
+            unique = len(set(found)) == len(found)
+            new = t.slot[rows] == NO_SLOT
+        newcomers = rows[new] if count_nonzero(new) else None
         if newcomers is not None:
             need = sum(self.resources.extent_pages_of(t, newcomers).tolist())
             if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
                 raise StalePlan("not enough free slots or pages for the plan's new requests")
         # Validated: mutate.
+        self._stamp += 1
         if newcomers is not None:
             self.resources.acquire(t, newcomers)
         isolated = not len(self.queue)
         start = self.queue.expected_end_ns(now)
         end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
         self._decisions += 1
-        if np.count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
+        if count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
             t.queued_prompt[rows] += lanes.prompt_tokens
         t.queued_output[rows] += lanes.output_rows
         t.inflight[rows] += 1
         t.version[rows] += 1
         t.last_served_seq[rows] = self._decisions
-        live = t.phase != DONE  # participants: resident runnable and waiting
-        if not snapshot and np.count_nonzero(live) == len(found) and len(set(found)) == len(found):
+        # Participants: resident runnable and waiting (every live request).
+        if not snapshot and unique and t.live_count() == len(rows):
             # The lanes are every live request (the steady state; none is done, so they are
             # live): the lane rows, handles and epochs are the participants', and completion's
             # accounting needs no table-sized scatter (account_interval).
             participants, p_handles, p_epochs = rows, lanes.handle, lanes.epoch
         else:
-            participants = live.nonzero()[0]
+            participants = (t.phase != DONE).nonzero()[0]
             p_handles, p_epochs = t.handle[participants], t.epoch[participants]
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                               p_handles, p_epochs, self._normalizers(), None if snapshot else t.turnover))
@@ -399,16 +425,20 @@ class Scheduler:
     def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
         checked = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
                                       None if confidence is None else self.sidecar_shape())
+        self._stamp += 1  # validated: the table changes
         self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
         self.queue.pop()
-        out, some_done = apply_completion(self, checked, timing, confidence, survival)
+        out, some_done, bursts = apply_completion(self, checked, timing, confidence, survival)
+        # No row retires below unless some lane is done; state operations may edit `out`.
+        self._bursts = (None if bursts is None or some_done or self.state.enabled
+                        else (fence, self._stamp, *bursts))
         if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
             out = self._complete_state(checked.frame.plan, fence, timing, out)
         rows = checked.frame.rows
         if some_done or self.state.enabled:  # else every lane is still live: none can retire
             self._retire_idle(rows)
         # A lane still live is something left to run (state operations end no request).
-        if not len(self.queue) and (some_done or not len(rows)) and not np.count_nonzero(self.requests.phase != DONE):
+        if not len(self.queue) and (some_done or not len(rows)) and not count_nonzero(self.requests.phase != DONE):
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
 
@@ -429,6 +459,7 @@ class Scheduler:
         self.advance_to(now_ns)
         self.publications.flush()
         self.state.preempt(self.requests, handle, now_ns)
+        self._stamp += 1
 
     def restores_checkpoints(self) -> bool:
         """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back
@@ -474,6 +505,13 @@ class Scheduler:
         handle raises and records none of them (a retired one is skipped, as alone)."""
         if type(fence) is not int:
             raise InvalidRequest(f"a publication names an integer fence, got {fence!r}")
+        bursts = self._bursts
+        if (bursts is not None and bursts[0] == fence and bursts[1] == self._stamp and type(handles) is list
+                and handles and handles == bursts[2]):
+            # Every burst of the last completion, in order, with the table as it left it: the
+            # frame's rows are these handles' rows (an ndarray, which the flush takes as it is).
+            self.publications.reported.append((bursts[3], fence, self.now_ns))
+            return
         rows = list(map(self.requests.index.get, handles))
         if None in rows:
             known = [r is not None or h in self._retired_set for h, r in zip(handles, rows)]

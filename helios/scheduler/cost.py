@@ -111,11 +111,16 @@ class CostTable:
         if e.estimate_ns <= 0 or now_ns - e.last_valid_ns > self.ttl_ns:  # unknown or stale (`state`)
             # First observation, or first after staleness, replaces the estimate directly.
             e.samples.clear()
-        e.samples.append(int(sample_ns))
-        estimate = max(1, int(round(median(e.samples))))
-        if estimate != e.estimate_ns:
-            e.estimate_ns = estimate
-            self.version += 1
+        samples, sample = e.samples, int(sample_ns)
+        evicted = samples[0] if len(samples) == WINDOW else None
+        samples.append(sample)
+        # A sample equal to the one it evicts leaves the window's values, so its median and the
+        # estimate (always the median of the window), as they were: no sort (steady durations).
+        if evicted != sample:
+            estimate = max(1, int(round(median(samples))))
+            if estimate != e.estimate_ns:
+                e.estimate_ns = estimate
+                self.version += 1
         e.last_valid_ns = now_ns
         return True
 

@@ -14,6 +14,7 @@ from helios.graphs import GraphKind, GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.plan import PlanLanes
 from helios.scheduler.requests import RequestTable
+from helios.scheduler.utility import count_nonzero
 
 
 def _filled(value, dtype):
@@ -32,23 +33,57 @@ def _const(value, dtype, n: int) -> np.ndarray:
     return arr[:n] if n <= len(arr) else np.full(n, value, dtype=dtype)
 
 
+# decode_lanes' constant columns per lane count, read-only: (zeros, ones, float ones, float zeros,
+# all false). Lane counts are bounded by the selection slots, so the table stays small.
+_DECODE_CONSTANTS: dict[int, tuple] = {}
+
+
+def _decode_constants(n: int) -> tuple:
+    hit = _DECODE_CONSTANTS.get(n)
+    if hit is None:
+        hit = tuple(_const(v, d, n) for v, d in ((0, np.int64), (1, np.int64), (1, np.float64), (0, np.float64),
+                                                  (0, np.bool_)))
+        for arr in hit:
+            arr.setflags(write=False)  # np.full beyond the shared length is writable
+        if len(_DECODE_CONSTANTS) >= 1024:
+            _DECODE_CONSTANTS.clear()
+        _DECODE_CONSTANTS[n] = hit
+    return hit
+
+
 def _common(t: RequestTable, rows: np.ndarray) -> dict:
     cursor = t.prompt_done[rows] + t.queued_prompt[rows]
     return dict(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
                 prompt_start=cursor, context_tokens=cursor + t.output_done[rows] + t.queued_output[rows])
 
 
-def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = None) -> PlanLanes:
-    """One output row per lane; `values` are the scaled lane values (zero for baselines)."""
-    n = len(rows)
-    ones, one = _const(1, np.int64, n), _const(1, np.float64, n)
-    # The hot path's columns all come from the table or the constants, with their dtypes: built
-    # without re-checking them (only `values` comes from the caller).
-    # A host-feedback request with a fence in flight needs that fence's result first.
-    return PlanLanes.built(**_common(t, rows), prompt_tokens=_const(0, np.int64, n), output_rows=ones,
-                           expected_tokens=one, expected_deliveries=one,
-                           value=_const(0, np.float64, n) if values is None else np.asarray(values, np.float64),
-                           needs_feedback=t.host_feedback[rows] & (t.inflight[rows] > 0), predicted_rows=ones)
+def decode_lanes(t: RequestTable, rows: np.ndarray, values: np.ndarray | None = None,
+                 cursor: np.ndarray | None = None, produced: np.ndarray | None = None) -> PlanLanes:
+    """One output row per lane; `values` are the scaled lane values (zero for baselines).
+    `cursor` and `produced`: the rows' committed-plus-queued prompt and output, when the caller
+    has them (the same integers the table gives)."""
+    zeros, ones, one, zero, false = _decode_constants(len(rows))
+    # The hot path's columns all come from the table or the read-only constants, with their
+    # dtypes: built without re-checking them (only `values` comes from the caller).
+    if cursor is None:
+        cursor = t.prompt_done[rows] + t.queued_prompt[rows]
+        context = cursor + t.output_done[rows] + t.queued_output[rows]
+    else:
+        context = cursor + produced
+    fresh = (t.handle[rows], t.epoch[rows], t.version[rows], t.slot[rows], cursor, context,
+             zero if values is None else np.asarray(values, np.float64))
+    # A host-feedback request with a fence in flight needs that fence's result first; without
+    # such a request the column is the shared all-false constant (the same values).
+    feedback = t.host_feedback[rows]
+    if count_nonzero(feedback):
+        feedback &= t.inflight[rows] > 0
+        feedback.setflags(write=False)
+    else:
+        feedback = false
+    for arr in fresh:
+        arr.setflags(write=False)
+    handle, epoch, version, slot, start, context, value = fresh
+    return PlanLanes.built(handle, epoch, version, slot, start, zeros, context, ones, one, one, value, feedback, ones)
 
 
 def prefill_lanes(t: RequestTable, rows: np.ndarray, works: np.ndarray) -> PlanLanes:
@@ -92,4 +127,4 @@ def ordinary_lanes(t: RequestTable, shape: GraphShape, rows: np.ndarray, works: 
 def requires_feedback(shape: GraphShape, state: CostState, lanes: PlanLanes) -> bool:
     """A plan needs an empty window when its graph cannot queue, its cost is not fresh, or a
     lane needs host feedback."""
-    return not shape.kind.queueable or state is not CostState.FRESH or np.count_nonzero(lanes.needs_feedback) > 0
+    return not shape.kind.queueable or state is not CostState.FRESH or count_nonzero(lanes.needs_feedback) > 0

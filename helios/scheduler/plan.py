@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from enum import Enum
 from typing import Iterator, NamedTuple, Sequence
 
@@ -90,6 +90,7 @@ _LANE_DTYPES = {name: np.dtype(t) for name, t in dict(
     prompt_tokens=np.int64, context_tokens=np.int64, output_rows=np.int64,
     expected_tokens=np.float64, expected_deliveries=np.float64, value=np.float64,
     needs_feedback=np.bool_, predicted_rows=np.int64).items()}
+_set = object.__setattr__
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -124,13 +125,12 @@ class PlanLanes:
             arr.setflags(write=False)  # the plan is frozen data: so are its columns
 
     @staticmethod
-    def built(**columns: np.ndarray) -> "PlanLanes":
-        """Columns that lane building (scheduler/lanes.py) made with the right dtypes and length:
-        frozen without re-checking them, which is most of a plan's construction cost."""
+    def built(*columns: np.ndarray) -> "PlanLanes":
+        """Columns in field order that lane building (scheduler/lanes.py) made read-only, with the
+        right dtypes and length: kept without re-checking them, most of a plan's construction cost."""
         lanes = object.__new__(PlanLanes)
-        for name, arr in columns.items():
-            arr.setflags(write=False)
-            object.__setattr__(lanes, name, arr)
+        for name, arr in zip(_LANE_DTYPES, columns):
+            _set(lanes, name, arr)
         return lanes
 
     @staticmethod
@@ -177,12 +177,20 @@ class ScheduledPlan:
     start_ns: int  # planning start time: the queue's expected end
     queue_fences: tuple[Fence, ...]
     device_allocation: bool = False  # D > 0 program whose target rows the device allocates
+    # The planner's own record of the lanes' table rows: (table, stamp, lanes, rows). Commit trusts
+    # it while the stamp says no call has changed the table since planning (Scheduler.commit).
+    resolved: tuple | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.lanes, PlanLanes):
             object.__setattr__(self, "lanes", PlanLanes.of(self.lanes))
         if self.shape.kind is GraphKind.MIXED:
             _check_mixed_roles(self.shape, self.lanes)
+
+    def __reduce__(self):
+        # A plan travels (pickled to tensor-parallel ranks, copied) without the planner's resolved
+        # rows: they name the scheduler's own table, and commit checks a plan without them in full.
+        return ScheduledPlan, tuple(getattr(self, f.name) for f in fields(self) if f.name != "resolved")
 
     def selection_value_rate(self) -> float:
         return self.score

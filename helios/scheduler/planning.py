@@ -15,7 +15,7 @@ from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices
-from helios.scheduler.utility import DecodeReference, shared_log_scale
+from helios.scheduler.utility import DecodeReference, count_nonzero, shared_log_scale
 
 
 _NO_ROWS = np.zeros(0, dtype=np.int64)
@@ -29,6 +29,10 @@ class PlanningView:
     decode: LanePool  # decoders, with speculative arrays filled when speculation is loaded
     decode_rows: np.ndarray  # table row of each decode pool entry
     prefill: dict[GraphKind, tuple[LanePool, np.ndarray]]  # pool and table rows per prefill kind
+    # When the decode pool is every row in table order: its prompt cursors and produced outputs
+    # (committed plus queued), which decode lanes would otherwise read back from the table.
+    decode_cursor: np.ndarray | None = None
+    decode_produced: np.ndarray | None = None
 
 
 def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float):
@@ -80,18 +84,17 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
-    phase = t.phase[rows]
-    handles = t.handle[rows]
+    phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
     queued_prompt = t.queued_prompt[rows]
     cursor = t.prompt_done[rows] + queued_prompt
     produced = t.output_done[rows] + t.queued_output[rows]
-    active = phase == DECODE
-    act = active.nonzero()[0]
     # Decoders with output and context left; prompts with unqueued tokens and nothing queued.
-    dec = (active & (produced < t.max_output[rows]) & (cursor + produced < max_context)).nonzero()[0]
+    room = (produced < max_output) & (cursor + produced < max_context)
     if len(act) == len(rows):  # everyone decodes (the steady state): no prompt to consider
+        dec = room.nonzero()[0]  # every row is active: the same rows without the mask
         pre = _NO_ROWS
     else:
+        dec = ((phase == DECODE) & room).nonzero()[0]
         pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
     # Prompt prices are elementwise: computed only when some prompt can be served.
     lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, with_prompt=len(pre) > 0)
@@ -127,7 +130,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         ref = np.where(has_delivery[dec], delivery_ns[dec], ref)
         known = known | has_delivery[dec]
     ages = np.maximum(0, start_ns - ref) / 1e6
-    if np.count_nonzero(known) != len(known):  # skipped in the steady state, where every decoder has published
+    if count_nonzero(known) != len(known):  # skipped in the steady state, where every decoder has published
         ages[~known] = 0.0
     # The scale is the largest of these logs, so no exponent overflows.
     output_value = np.exp(lo_dec - scale)
@@ -174,7 +177,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         if policy.stall_bound_ms is not None:
             prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode.costs)
         prefill[kind] = (prompts, prow)
-    return PlanningView(scale, c * s * n_active, pool, drows, prefill)
+    return PlanningView(scale, c * s * n_active, pool, drows, prefill, *((cursor, produced) if whole else ()))
 
 
 def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_value, speculation, policy,

@@ -22,6 +22,7 @@ at most B x C.
 from __future__ import annotations
 
 import math
+from math import expm1
 from dataclasses import dataclass, field
 from itertools import accumulate
 from operator import neg
@@ -30,7 +31,9 @@ import numpy as np
 
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
-from helios.scheduler.utility import by_identity, prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth
+from helios.scheduler.utility import (
+    by_identity, count_nonzero, prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth,
+)
 
 
 @dataclass(slots=True)
@@ -110,6 +113,30 @@ def _by_capacity(shapes) -> tuple:
     return by_identity(_BY_CAPACITY, shapes, lambda ss: tuple(sorted(ss, key=lambda s: s.batch_capacity)), 256)
 
 
+_COHORTS: dict[tuple[int, int], tuple] = {}
+_ALONE = np.zeros(1, dtype=np.int64)  # a lone lane's order (what ranked_lanes returns for it)
+_ALONE.setflags(write=False)
+
+
+def _cohorts(shapes, n: int) -> tuple:
+    """(shape, m) in capacity order for each capacity whose cohort m = min(B, n) no smaller
+    capacity already serves, once per (shape tuple, lane count). The entry keeps the ordered
+    tuple alive, so its id cannot be reused while cached."""
+    ordered = _by_capacity(shapes)
+    hit = _COHORTS.get((id(ordered), n))
+    if hit is None or hit[0] is not ordered:
+        taken, cohorts = set(), []
+        for shape in ordered:
+            m = min(shape.batch_capacity, n)
+            if m not in taken:  # else a smaller capacity already serves exactly this cohort
+                taken.add(m)
+                cohorts.append((shape, m))
+        if len(_COHORTS) >= 4096:
+            _COHORTS.clear()
+        hit = _COHORTS[(id(ordered), n)] = (ordered, tuple(cohorts))
+    return hit[1]
+
+
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
     """`lru`: the members' most recent service, when the caller already knows it."""
     n = len(c.members)
@@ -142,10 +169,10 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     n = len(pool.handles)
     if n == 0:
         return []
-    order = ranked_lanes(pool.base, pool.lru, pool.slots)
-    # Running sums on a list: cheaper than three numpy calls at these sizes, and cumsum adds
-    # left to right as accumulate does, so the sums are the same floats.
-    sums = [0.0, *accumulate(pool.base[order].tolist())]
+    order = ranked_lanes(pool.base, pool.lru, pool.slots) if n > 1 else _ALONE  # one lane ranks first
+    # Running sums as a list (indexed per capacity below): numpy's add.accumulate adds left to
+    # right as itertools.accumulate does, so the sums are the same floats, in one C loop.
+    sums = [0.0, *np.add.accumulate(pool.base[order]).tolist()]
     recent = None  # cohorts' most recent service, computed when a cohort below n needs it
     works = np.zeros(n, dtype=np.int64)
     # With stall pricing a lane's worth at duration T is base + stall * (e^(T/tau) - 1): the
@@ -154,12 +181,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     out: list[Candidate | None] = []
     reranked = []  # (position in out, shape, m, t_ms, state): cohorts needing their own order
     best_known = -math.inf  # the best score among exact candidates with a known duration
-    taken = set()
-    for shape in _by_capacity(shapes):
-        m = min(shape.batch_capacity, n)
-        if m in taken:  # a smaller capacity already serves exactly this cohort
-            continue
-        taken.add(m)
+    for shape, m in _cohorts(shapes, n):
         t_ms, state = costs(shape)
         if stalled and m < n and t_ms is not None:
             reranked.append((len(out), shape, m, t_ms, state))
@@ -202,18 +224,19 @@ def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
     1e-9 covers the rounding of the sums (about n ulps), so a pruned candidate's computed score is
     strictly below the incumbent's: the selection is the same as without pruning."""
     stall_sums = None
+    tau, slope, total = pool.tau_ms, pool.age_slope, pool.stall_total
 
     def below(m: int, t_ms: float, x: float) -> bool:
         nonlocal stall_sums
-        growth = stall_growth(t_ms, pool.tau_ms)
-        gain = (base_sums[m] + pool.age_slope * m * t_ms) / t_ms
+        growth = expm1(min(t_ms / tau, 700.0))  # stall_growth(t_ms, tau), inlined: called per capacity
+        gain = (base_sums[m] + slope * m * t_ms) / t_ms
         wait = 0.5 * t_ms * waiting
-        margin = 1e-9 * (abs(gain) + wait + pool.stall_total * growth / t_ms) + 1e-300
+        margin = 1e-9 * (abs(gain) + wait + total * growth / t_ms) + 1e-300
         if gain - wait + margin < x:
             return True
         if stall_sums is None:
             stall_sums = [0.0, *accumulate(np.sort(pool.stall)[::-1].tolist())]
-        return gain - wait - (pool.stall_total - stall_sums[m]) * growth / t_ms + margin < x
+        return gain - wait - (total - stall_sums[m]) * growth / t_ms + margin < x
     return below
 
 
@@ -280,7 +303,7 @@ def _packed(pool: LanePool, members: np.ndarray, works: np.ndarray, shape: Graph
     rows = works.tolist()
     spare = shape.batch_capacity * c - sum(rows)
     spare_sq = shape.batch_capacity * c * c - sum(w * w for w in rows)
-    if spare <= 0 or not np.count_nonzero(left > works):
+    if spare <= 0 or not count_nonzero(left > works):
         return works, value
     for i, (w, total) in enumerate(zip(rows, left.tolist())):
         if spare <= 0:

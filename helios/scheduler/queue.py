@@ -53,7 +53,8 @@ class ExecutionQueue:
         return len(self.frames)
 
     def fences(self) -> tuple[Fence, ...]:
-        return tuple(f.fence for f in self.frames)
+        frames = self.frames
+        return tuple(f.fence for f in frames) if frames else ()  # usually empty at a decision
 
     def head(self) -> Frame | None:
         return self.frames[0] if self.frames else None

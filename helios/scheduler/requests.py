@@ -15,6 +15,7 @@ import numpy as np
 
 from helios.scheduler.plan import NO_SLOT, FinishReason, RequestHandle, RequestSpec
 from helios.scheduler.speculation import SpeculationColumns
+from helios.scheduler.utility import count_nonzero
 
 
 
@@ -85,6 +86,13 @@ class RequestTable:
         # (a row is freed only when done). A frame committed at the current turnover still has
         # every lane live and every participant valid, and completion skips checking them.
         self.turnover = 0
+        # live_rows() until a phase or a row's request changes (update_phase, add, remove, _grow
+        # are the only writers of the phase and handle columns): most decisions end no request.
+        self._live: np.ndarray | None = None
+        self._live_columns: tuple | None = None  # (live rows, *live_columns(them))
+        # (rows, fence, pending log z, delta) of the last accounted frame whose publication can
+        # skip reading the pending columns back (accounting.py); cleared by any other write to them.
+        self.pending_batch: tuple | None = None
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -96,6 +104,7 @@ class RequestTable:
 
     def _grow(self, capacity: int) -> None:
         old = self.capacity
+        self._live = None
         for name in _INT_COLUMNS + _FLOAT_COLUMNS + _BOOL_COLUMNS + ("phase",):
             col = getattr(self, name)
             new = np.zeros(capacity, dtype=col.dtype)
@@ -135,6 +144,7 @@ class RequestTable:
         self.log_z[row] = np.nan
         self.pending_delta_ms[row] = 0.0
         self.pending_log_z[row] = np.nan
+        self.pending_batch = None
         self.update_phase(np.array([row]))
         return row
 
@@ -142,6 +152,7 @@ class RequestTable:
         del self.index[int(self.handle[row])]
         self.occupied[row] = False
         self.phase[row] = DONE
+        self._live = None
         self.specs[row] = None
         self._free.append(row)
 
@@ -174,12 +185,41 @@ class RequestTable:
     # ---- vectorized reads --------------------------------------------------------------
     def live_rows(self) -> np.ndarray:
         """Rows of live (not done) requests in admission order: every tie-break that falls
-        through to position sees the same order as a handle-ordered list."""
+        through to position sees the same order as a handle-ordered list. Read-only: the same
+        array is returned until a phase or a row's request changes."""
+        if self._live is not None:
+            return self._live
         rows = (self.phase != DONE).nonzero()[0]
         handles = self.handle[rows].tolist()
-        if handles == sorted(handles):  # the usual case: rows were taken in admission order
-            return rows
-        return rows[np.argsort(self.handle[rows], kind="stable")]
+        if handles != sorted(handles):  # the usual case: rows were taken in admission order
+            rows = rows[np.argsort(self.handle[rows], kind="stable")]
+        rows.setflags(write=False)
+        self._live = rows
+        return rows
+
+    def live_columns(self, rows: np.ndarray) -> tuple:
+        """(phase, handle, max_output, positions of the decoding rows) at `rows`, read-only; for
+        the current live_rows() array, computed once with it (none of them can change before it
+        does: the phase and handle columns change only with the live rows, max_output never)."""
+        live = self._live
+        if rows is not live or live is None:
+            return self._columns_at(rows)
+        cols = self._live_columns
+        if cols is None or cols[0] is not live:
+            cols = self._live_columns = (live, *self._columns_at(live))
+        return cols[1:]
+
+    def _columns_at(self, rows: np.ndarray) -> tuple:
+        phase = self.phase[rows]
+        cols = (phase, self.handle[rows], self.max_output[rows], (phase == DECODE).nonzero()[0])
+        for col in cols:
+            col.setflags(write=False)
+        return cols
+
+    def live_count(self) -> int:
+        """len(live_rows()), from its cached rows when they are current."""
+        live = self._live
+        return len(live) if live is not None else int(count_nonzero(self.phase != DONE))
 
     def prompt_left(self, rows) -> np.ndarray:
         """Uncommitted, unqueued prompt tokens."""
@@ -215,6 +255,7 @@ class RequestTable:
 
     def update_phase(self, rows) -> None:
         rows = np.asarray(rows, dtype=np.int64)
+        self._live = None
         done = self.cancelled[rows] | self.finished[rows]
         decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
         self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from helios.config import PolicyConfig
+from helios.scheduler.utility import count_nonzero
 
 NEG_INF = float("-inf")
 
@@ -59,7 +60,7 @@ def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
         return np.logaddexp(np.subtract(log_rate, decay), log_keep)
     served = np.asarray(served, dtype=float)
     positive = served > 0
-    if np.count_nonzero(positive) == positive.size:  # all served: no log 0 to mask (a masked log is slow)
+    if count_nonzero(positive) == positive.size:  # all served: no log 0 to mask (a masked log is slow)
         log_served = np.log(served)
     else:
         log_served = np.full(served.shape, NEG_INF)  # log 0, without a divide-by-zero warning
@@ -143,6 +144,6 @@ def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm:
     output = np.logaddexp(k.log_beta, fair)  # log(beta + f/x)
     delivery = k.log_g - log_z  # log(g/z); NaN where there is no delivery history yet
     missing = np.isnan(log_z)
-    if np.count_nonzero(missing):  # skipped in the steady state, where every request has published
+    if count_nonzero(missing):  # skipped in the steady state, where every request has published
         delivery[missing] = NEG_INF
     return prefill, output, delivery, fair

@@ -34,6 +34,8 @@ class TraceLog:
             return item
         fence, shape, handles, est, age, reason, score, log_scale, now, refresh, learning = item
         # The same division as Ledger.credit_ns, on the units the ledger held at commit.
+        if type(handles) is not list:  # a plan's read-only handle column (commit's fast path)
+            handles = handles.tolist()
         return PlanTrace(fence, shape, tuple(handles), est, age, reason, score, log_scale, now,
                          refresh_credit_ns=refresh / self._dens[0], learning_credit_ns=learning / self._dens[1])
 

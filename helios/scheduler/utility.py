@@ -17,6 +17,15 @@ from collections.abc import Iterable
 
 import numpy as np
 
+try:
+    # np.count_nonzero(a) is this C function behind a Python dispatch wrapper that costs several
+    # times the count on the hot path's small arrays; the same result without the wrapper.
+    from numpy._core.multiarray import count_nonzero
+except ImportError:  # another numpy layout: the public function
+    count_nonzero = np.count_nonzero
+# np.lexsort's C implementation without its __array_function__ dispatch (the same sort).
+_lexsort = getattr(np.lexsort, "_implementation", np.lexsort)
+
 
 def reference_interval_ms(family_costs: Iterable[tuple[int, float]], streams: int, family: int) -> float | None:
     """sigma = K * T / min(B, k) for the measured graph minimizing T / min(B, k).
@@ -124,7 +133,7 @@ def ranked_lanes(values: np.ndarray, lru: np.ndarray, slots: np.ndarray) -> np.n
     Cohorts for a graph whose duration does not depend on membership take a prefix of this
     order: the highest additive lane values.
     """
-    return np.lexsort((slots, lru, -values))
+    return _lexsort((slots, lru, -values))
 
 
 def prefix_sums(values: np.ndarray) -> np.ndarray:
