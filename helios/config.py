@@ -39,7 +39,8 @@ class SchedulerPolicy(Enum):
     THROUGHPUT = "throughput"
 
 
-_FLAGS = ("phase_normalized", "stall_pricing", "served_stall_pricing", "gradient_prompt_price", "fairness_time_scale")
+_FLAGS = ("phase_normalized", "stall_pricing", "served_stall_pricing", "gradient_prompt_price", "fairness_time_scale",
+          "mean_prompt_rate")
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,11 @@ class PolicyConfig:
     # and beta = 64 balance at x = 0.25 tokens/ms, a 4-ms decode step; on a 40-ms step f/x is
     # 10 beta and every token, prompt or output, is priced alike (docs/scheduling-utility.md).
     fairness_time_scale: bool = False
+    # The prompt phase's rate law. False: the EWMA of every phase. True: until its first output token a
+    # request's rate is its mean since admission, with its starting rate as one adaptation time of
+    # prior, x = (x0 tau + S) / (tau + W): an unserved prompt's price grows linearly with its wait, not
+    # as e^(W/tau), so a queue of prompts cannot price every decoder out (docs/scheduling-utility.md).
+    mean_prompt_rate: bool = False
     # Off by default, and outside the spec (which rules duration ceilings out): drop a prefill
     # candidate when the oldest decoder's age + T + one decode step would exceed this many ms.
     # Kept only as the study's reference point for the ablation.
@@ -122,7 +128,7 @@ def preset(
         raise ConfigError("scheduler_policy", f"unknown policy {policy!r} (choose {names})") from None
     # The spec's table, with the adaptation time measured for graphs of tens to hundreds of ms
     # (docs/scheduling-utility.md, "Adaptation time"; docs/server.md): both presets share it.
-    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True)
+    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True, mean_prompt_rate=True)
     if policy is SchedulerPolicy.THROUGHPUT:
         # Throughput keeps token fairness and output value, drops cadence preferences.
         config = replace(config, delivery_fairness=0.0, decode_age_price=0.0)

@@ -14,7 +14,7 @@ import numpy as np
 from helios.scheduler.plan import Fence
 from helios.scheduler.queue import Frame
 from helios.scheduler.requests import RequestTable
-from helios.scheduler.service import ewma_log
+from helios.scheduler.service import ewma_log, mean_rate_log
 
 
 def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
@@ -49,7 +49,15 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
         if not whole:
             rows = rows[keep]
         tokens, produced = tokens[rows], produced[rows]
-    t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens, tau_ms)
+    log_x = t.log_x[rows]
+    t.log_x[rows] = ewma_log(log_x, delta_ms, tokens, tau_ms)
+    if t.mean_law_rows:  # prompts on the mean-rate law (PolicyConfig.mean_prompt_rate)
+        window = t.rate_window_ms[rows]
+        m = (window == window).nonzero()[0]
+        if len(m):
+            served = np.broadcast_to(tokens, rows.shape)[m]
+            t.log_x[rows[m]] = mean_rate_log(log_x[m], window[m], delta_ms, served)
+            t.rate_window_ms[rows[m]] = window[m] + delta_ms
     every = produced is True or np.count_nonzero(produced) == len(produced)
     log_z = t.log_z[rows]
     has_z = log_z == log_z  # not NaN

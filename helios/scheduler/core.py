@@ -108,7 +108,9 @@ class Scheduler:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
         handle = self._next_handle
         self._next_handle += 1
-        self.requests.add(handle, request, self._starting_log_rate())
+        # With the mean-rate law, the starting rate counts as one adaptation time of history.
+        window = self.policy.adaptation_ms if self.policy.mean_prompt_rate else None
+        self.requests.add(handle, request, self._starting_log_rate(), window)
         self.state.admitted(handle, request)
         return handle
 

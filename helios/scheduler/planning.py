@@ -14,7 +14,7 @@ from helios.scheduler.policy import LanePool
 from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
-from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices
+from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices, mean_rate_log
 from helios.scheduler.utility import DecodeReference, shared_log_scale
 
 
@@ -46,6 +46,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
     delivery_ns = np.zeros(n, dtype=np.int64)
     pos = np.full(t.capacity, -1, dtype=np.int64)
     pos[rows] = np.arange(n)
+    window = t.rate_window_ms[rows] if t.mean_law_rows else None  # a copy: fancy indexing
     for frame in queue.frames:
         d = frame.expected_ms
         if d is None:
@@ -64,7 +65,12 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         delivered = lp[mine & (lanes.expected_deliveries > 0)]
         has_delivery[delivered] = True
         delivery_ns[delivered] = frame.expected_end_ns
-        log_x[p] = ewma_log(log_x[p], d, tokens[p], tau_ms)
+        before = log_x[p]
+        log_x[p] = ewma_log(before, d, tokens[p], tau_ms)
+        if window is not None:  # prompts on the mean-rate law, as completion will count them
+            m = (window[p] == window[p]).nonzero()[0]
+            log_x[p[m]] = mean_rate_log(before[m], window[p[m]], d, tokens[p[m]])
+            window[p[m]] += d
         zp = p[~np.isnan(log_z[p])]
         log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms)
     return log_x, log_z, has_delivery, delivery_ns

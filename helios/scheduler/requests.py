@@ -32,7 +32,8 @@ PREFILL, DECODE, DONE = (int(p) for p in Phase)
 _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "prompt_done", "output_done",
                 "queued_prompt", "queued_output", "slot", "pages", "inflight", "last_served_seq",
                 "last_publication_ns", "pending_fence")
-_FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z")
+# rate_window_ms: the averaging window of a prompt-phase mean rate (service.mean_rate_log); NaN on the EWMA.
+_FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms")
 _BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",
                  "has_publication", "has_pending")
 
@@ -85,6 +86,7 @@ class RequestTable:
         # (a row is freed only when done). A frame committed at the current turnover still has
         # every lane live and every participant valid, and completion skips checking them.
         self.turnover = 0
+        self.mean_law_rows = 0  # live rows whose prompt phase is on the mean-rate law (rate_window_ms set)
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -110,7 +112,8 @@ class RequestTable:
         self.capacity = capacity
 
     # ---- rows ------------------------------------------------------------------------
-    def add(self, handle: RequestHandle, spec: RequestSpec, log_x: float) -> int:
+    def add(self, handle: RequestHandle, spec: RequestSpec, log_x: float, window_ms: float | None = None) -> int:
+        """A new row at starting rate log_x; `window_ms` puts its prompt phase on the mean-rate law."""
         if not self._free:
             self._grow(2 * self.capacity)
         row = self._free.pop()
@@ -135,6 +138,8 @@ class RequestTable:
         self.log_z[row] = np.nan
         self.pending_delta_ms[row] = 0.0
         self.pending_log_z[row] = np.nan
+        self.rate_window_ms[row] = np.nan if window_ms is None else window_ms
+        self.mean_law_rows += window_ms is not None
         self.update_phase(np.array([row]))
         return row
 
@@ -218,3 +223,9 @@ class RequestTable:
         done = self.cancelled[rows] | self.finished[rows]
         decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
         self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))
+        if self.mean_law_rows:
+            # Leaving the prompt phase ends the mean-rate law: the EWMA continues from the same rate.
+            window = self.rate_window_ms[rows]
+            leaving = rows[(window == window) & (self.phase[rows] != PREFILL)]
+            self.rate_window_ms[leaving] = np.nan
+            self.mean_law_rows -= len(leaving)

@@ -18,12 +18,14 @@ def test_defaults_match_the_spec_table():
 
 def test_balanced_preset_uses_the_default_coefficients_with_the_measured_adaptation_time():
     # Every preference coefficient is the table's; tau is the study's, and f and g are calibrated
-    # to the measured time scale at decision time (docs/scheduling-utility.md, docs/server.md).
+    # to the measured time scale at decision time, and prompts follow the mean-rate law
+    # (docs/scheduling-utility.md, docs/server.md).
     assert preset("balanced") == replace(PolicyConfig(), adaptation_ms=BALANCED_ADAPTATION_MS,
-                                         fairness_time_scale=True)
+                                         fairness_time_scale=True, mean_prompt_rate=True)
     assert preset("throughput").adaptation_ms == BALANCED_ADAPTATION_MS
-    assert preset("throughput").fairness_time_scale
+    assert preset("throughput").fairness_time_scale and preset("throughput").mean_prompt_rate
     assert not PolicyConfig().fairness_time_scale and PolicyConfig().served_stall_pricing
+    assert not PolicyConfig().mean_prompt_rate  # the table's behaviour: one EWMA for every phase
 
 
 def test_utility_options_are_validated():
