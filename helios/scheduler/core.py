@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import PolicyConfig, PromptRateLaw, SchedulerConfig, SpeculationMode
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import Publications
@@ -109,7 +109,7 @@ class Scheduler:
         handle = self._next_handle
         self._next_handle += 1
         # With the mean-rate law, the starting rate counts as one adaptation time of history.
-        window = self.policy.adaptation_ms if self.policy.mean_prompt_rate else None
+        window = None if self.policy.prompt_rate_law is PromptRateLaw.EWMA else self.policy.adaptation_ms
         self.requests.add(handle, request, self._starting_log_rate(), window)
         self.state.admitted(handle, request)
         return handle

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios.config import PolicyConfig
+from helios.config import PolicyConfig, PromptRateLaw
 from helios.graphs import GraphKind
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import LanePool
@@ -31,12 +31,14 @@ class PlanningView:
     prefill: dict[GraphKind, tuple[LanePool, np.ndarray]]  # pool and table rows per prefill kind
 
 
-def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float):
+def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float,
+                  until_served: bool = False):
     """Copies of the log token/delivery rates of `rows` advanced through every queued frame's
     expected service, and each row's expected delivery time (has, ns) from the queue (None, None
     when the queue is empty).
 
-    Observed history changes only at completion; this projection never touches it.
+    Observed history changes only at completion; this projection never touches it. Rows on the
+    mean-rate law are projected on it, as `accounting.account_interval` will count them.
     """
     n = len(rows)
     log_x, log_z = t.log_x[rows], t.log_z[rows]
@@ -68,9 +70,12 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         before = log_x[p]
         log_x[p] = ewma_log(before, d, tokens[p], tau_ms)
         if window is not None:  # prompts on the mean-rate law, as completion will count them
-            m = (window[p] == window[p]).nonzero()[0]
-            log_x[p[m]] = mean_rate_log(before[m], window[p[m]], d, tokens[p[m]])
-            window[p[m]] += d
+            on = window[p] == window[p]
+            m = p[on]
+            log_x[m] = mean_rate_log(before[on], window[m], d, tokens[m])
+            window[m] += d
+            if until_served:
+                window[m[tokens[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
         log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms)
     return log_x, log_z, has_delivery, delivery_ns
@@ -85,7 +90,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded.
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale."""
-    log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
+    log_x, log_z, has_delivery, delivery_ns = project_rates(
+        t, rows, queue, policy.adaptation_ms, policy.prompt_rate_law is PromptRateLaw.UNTIL_SERVED)
     phase = t.phase[rows]
     handles = t.handle[rows]
     queued_prompt = t.queued_prompt[rows]

@@ -223,9 +223,12 @@ class RequestTable:
         done = self.cancelled[rows] | self.finished[rows]
         decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
         self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))
-        if self.mean_law_rows:
-            # Leaving the prompt phase ends the mean-rate law: the EWMA continues from the same rate.
-            window = self.rate_window_ms[rows]
-            leaving = rows[(window == window) & (self.phase[rows] != PREFILL)]
-            self.rate_window_ms[leaving] = np.nan
-            self.mean_law_rows -= len(leaving)
+        if self.mean_law_rows:  # leaving the prompt phase ends the mean-rate law
+            self.leave_mean_law(rows[self.phase[rows] != PREFILL])
+
+    def leave_mean_law(self, rows: np.ndarray) -> None:
+        """Rows that leave the mean-rate law: the EWMA continues from the same rate."""
+        window = self.rate_window_ms[rows]
+        leaving = rows[window == window]
+        self.rate_window_ms[leaving] = np.nan
+        self.mean_law_rows -= len(leaving)

@@ -1,9 +1,9 @@
-"""The prompt phase's mean-rate law (PolicyConfig.mean_prompt_rate, docs/scheduling-utility.md §3).
+"""The mean-rate laws before a request has history (PolicyConfig.prompt_rate_law, docs/scheduling-utility.md §6).
 
-Until its first output token a request's rate is its mean since admission, its starting rate counting
-as one adaptation time of history: x = (x0 tau + S) / (tau + W). Unserved, its price grows as
-(tau + W) / tau, without bound but linearly. From its first output token on, the one EWMA continues
-from the same rate.
+A request's starting rate counts as one adaptation time of history, and its rate is its mean since
+admission: x = (x0 tau + S) / (tau + W). Unserved, its price grows as (tau + W) / tau, without bound
+but linearly. UNTIL_SERVED (the presets) keeps the mean until the request's first service,
+PROMPT_PHASE until its first output token; then the one EWMA continues from the same rate.
 """
 
 import math
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios.config import PolicyConfig, preset
+from helios.config import PolicyConfig, PromptRateLaw, preset
 from helios.scheduler import ExecutionTiming
 from helios.scheduler.planning import project_rates
 from helios.scheduler.requests import DECODE, PREFILL
@@ -23,7 +23,8 @@ from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for,
 
 TAU = 100.0
 TABLE = {decode(1): 10.0, decode(2): 11.0, decode(4): 12.0, prefill(64): 8.0, prefill(256): 20.0}
-MEAN = replace(PolicyConfig(), mean_prompt_rate=True)
+MEAN = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
+UNTIL = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
 
 
 @settings(deadline=None, max_examples=60)
@@ -60,7 +61,7 @@ def _served(s, plan, handle):
                for lane in plan.lanes if lane.handle == handle)
 
 
-def test_a_prompt_follows_the_mean_law_until_its_first_output_then_the_ewma():
+def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
     slow = {**TABLE, prefill(64): 40.0, prefill(256): 100.0}  # decoding wins some frames first
     s = make(slow, policy=MEAN)
     d = Driver(s, FixedCosts(slow))
@@ -139,8 +140,51 @@ def test_equal_prompt_histories_give_equal_prices_on_the_mean_law():
         assert ra.log_x == rb.log_x
 
 
-def test_the_presets_use_the_mean_law_and_the_table_does_not():
-    assert preset("balanced").mean_prompt_rate and preset("throughput").mean_prompt_rate
+def test_a_mean_until_served_lasts_until_the_first_chunk_then_the_ewma():
+    slow = {**TABLE, prefill(64): 400.0, prefill(256): 900.0}  # decoding wins the first frames
+    s = make(slow, policy=UNTIL)
+    d = Driver(s, FixedCosts(slow))
+    for _ in range(2):
+        s.admit(spec(prompt=64, out=400), 0)
+    d.run(4)
+    h = s.admit(spec(prompt=600, out=8), s.now_ns)
+    mass, elapsed = math.exp(s.request_row(h).log_x) * TAU, TAU
+    waited = 0
+    while True:
+        plan = d.run_one()
+        _, start, end = d.history[-1]
+        service, ms = _served(s, plan, h), (end - start) / MS
+        mass, elapsed = mass + service, elapsed + ms
+        assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
+        if service:
+            break
+        waited += 1
+    assert waited and s.request_row(h).phase.value == PREFILL  # waited, then took a first chunk
+    assert s.requests.mean_law_rows == 0
+    while True:  # prompt-phase history from here on: the one EWMA, served or not
+        before = s.request_row(h).log_x
+        plan = d.run_one()
+        _, start, end = d.history[-1]
+        expected = float(ewma_log(before, (end - start) / MS, _served(s, plan, h), TAU))
+        assert s.request_row(h).log_x == pytest.approx(expected, rel=1e-9)
+        if s.request_row(h).phase.value == DECODE:
+            break
+
+
+@pytest.mark.parametrize("policy", [MEAN, UNTIL], ids=["prompt_phase", "until_served"])
+def test_a_cancelled_or_finished_prompt_leaves_no_row_on_the_mean_law(policy):
+    s = make(TABLE, policy=policy)
+    d = Driver(s, FixedCosts(TABLE))
+    hs = [s.admit(spec(prompt=300, out=4), 0) for _ in range(4)]
+    s.cancel(hs[0], 0)
+    d.run(60)
+    assert not any(s.is_live(h) for h in hs)  # every one retired: cancelled or finished
+    assert s.requests.mean_law_rows == 0
+
+
+def test_the_presets_use_the_mean_until_served_and_the_table_does_not():
+    assert preset("balanced").prompt_rate_law is PromptRateLaw.UNTIL_SERVED
+    assert preset("throughput").prompt_rate_law is PromptRateLaw.UNTIL_SERVED
     s = make(TABLE)
     h = s.admit(spec(prompt=64), 0)
     assert s.requests.mean_law_rows == 0 and np.isnan(s.requests.rate_window_ms[s.requests.row(h)])
