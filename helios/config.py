@@ -32,6 +32,22 @@ class AcceptanceEstimate(Enum):
     CONDITIONAL = "conditional"
 
 
+class PromptRateLaw(Enum):
+    """How a request's token rate x moves before it has output (docs/scheduling-utility.md §6).
+
+    EWMA (the table's behaviour): the one EWMA from admission; a waiting prompt's price grows as
+    e^(W/tau). UNTIL_SERVED (the presets): a request with no service yet has no history to forget;
+    its rate is its starting rate averaged over its wait, the start counting as one adaptation time,
+    x = x0 tau / (tau + W), so its price grows linearly; its first service starts the EWMA.
+    PROMPT_PHASE: the same mean, kept for the whole prompt phase, x = (x0 tau + S) / (tau + W), until
+    the first output token (the ablation: shorter gaps on long prompts, longer TTFT tails).
+    """
+
+    EWMA = "ewma"
+    UNTIL_SERVED = "until_served"
+    PROMPT_PHASE = "prompt_phase"
+
+
 class SchedulerPolicy(Enum):
     """The spec's presets for `--scheduler-policy`."""
 
@@ -74,6 +90,9 @@ class PolicyConfig:
     # and beta = 64 balance at x = 0.25 tokens/ms, a 4-ms decode step; on a 40-ms step f/x is
     # 10 beta and every token, prompt or output, is priced alike (docs/scheduling-utility.md).
     fairness_time_scale: bool = False
+    # How x moves before a request has history (PromptRateLaw): the table's EWMA, or a mean over the
+    # wait, so that a queue of prompts cannot price every decoder out by e^(W/tau).
+    prompt_rate_law: PromptRateLaw = PromptRateLaw.EWMA
     # Off by default, and outside the spec (which rules duration ceilings out): drop a prefill
     # candidate when the oldest decoder's age + T + one decode step would exceed this many ms.
     # Kept only as the study's reference point for the ablation.
@@ -87,6 +106,13 @@ class PolicyConfig:
                     raise ConfigError(f.name, f"must be a bool, got {value!r}")
                 continue
             if f.name == "stall_bound_ms" and value is None:
+                continue
+            if f.name == "prompt_rate_law":
+                try:
+                    object.__setattr__(self, f.name, PromptRateLaw(value))  # the Enum or its value
+                except ValueError:
+                    names = ", ".join(law.value for law in PromptRateLaw)
+                    raise ConfigError(f.name, f"unknown law {value!r} (choose {names})") from None
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)):
                 raise ConfigError(f.name, f"must be a number, got {value!r}")
@@ -122,7 +148,8 @@ def preset(
         raise ConfigError("scheduler_policy", f"unknown policy {policy!r} (choose {names})") from None
     # The spec's table, with the adaptation time measured for graphs of tens to hundreds of ms
     # (docs/scheduling-utility.md, "Adaptation time"; docs/server.md): both presets share it.
-    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True)
+    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True,
+                          prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
     if policy is SchedulerPolicy.THROUGHPUT:
         # Throughput keeps token fairness and output value, drops cadence preferences.
         config = replace(config, delivery_fairness=0.0, decode_age_price=0.0)

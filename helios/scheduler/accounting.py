@@ -14,18 +14,20 @@ import numpy as np
 from helios.scheduler.plan import Fence
 from helios.scheduler.queue import Frame
 from helios.scheduler.requests import RequestTable
-from helios.scheduler.service import ewma_log
+from helios.scheduler.service import ewma_log, mean_rate_log
 from helios.scheduler.utility import count_nonzero
 
 
 def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
-                     delta_ms: float, tau_ms: float, intact: bool = False) -> None:
+                     delta_ms: float, tau_ms: float, intact: bool = False, until_served: bool = False) -> None:
     """One measured interval of `delta_ms`: every participant of the frame (the live requests
     at its dispatch) gets the service its lanes received (zero when unserved) folded into x.
     `served_tokens` is already normalized by the frame's commit-time reference rates
     (`Normalizers.normalized_service`): x is a share of the machine, not tokens/ms. It may be
     the float 1.0 when every lane was served one token (ewma_log's one-per-lane form), and
-    `served_outputs` None when every lane produced output.
+    `served_outputs` None when every lane produced output. Rows on the mean-rate law (a set
+    `rate_window_ms`) follow `service.mean_rate_log` instead; with `until_served` a row leaves that law
+    after its first served interval (PromptRateLaw.UNTIL_SERVED).
 
     A delivery is recorded as zero at completion; the publication of the frame's output then
     replaces it with one (`Publications`). `served_*` are lane-aligned with the frame. `intact`:
@@ -50,7 +52,17 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
         if not whole:
             rows = rows[keep]
         tokens, produced = tokens[rows], produced[rows]
-    t.log_x[rows] = ewma_log(t.log_x[rows], delta_ms, tokens, tau_ms)
+    log_x = t.log_x[rows]
+    t.log_x[rows] = ewma_log(log_x, delta_ms, tokens, tau_ms)
+    if t.mean_law_rows:  # prompts on the mean-rate law (PolicyConfig.prompt_rate_law)
+        window = t.rate_window_ms[rows]
+        m = (window == window).nonzero()[0]
+        if len(m):
+            served = np.broadcast_to(tokens, rows.shape)[m]
+            t.log_x[rows[m]] = mean_rate_log(log_x[m], window[m], delta_ms, served)
+            t.rate_window_ms[rows[m]] = window[m] + delta_ms
+            if until_served:  # its first service starts its history: the EWMA from now on
+                t.leave_mean_law(rows[m[served > 0]])
     every = produced is True or count_nonzero(produced) == len(produced)
     log_z = t.log_z[rows]
     has_z = log_z == log_z  # not NaN

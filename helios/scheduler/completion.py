@@ -8,6 +8,7 @@ from itertools import chain, compress, repeat
 
 import numpy as np
 
+from helios.config import PromptRateLaw
 from helios.errors import InvalidCompletion
 from helios.graphs import GraphKind
 from helios.scheduler.accounting import account_interval
@@ -243,7 +244,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         served = (frame.normalizers.normalized_service(lanes.prompt_tokens, counts) if prompt
                   else 1.0 if checked.single else counts)
         account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
-                         sched.policy.adaptation_ms, intact)
+                         sched.policy.adaptation_ms, intact, sched.policy.prompt_rate_law is PromptRateLaw.UNTIL_SERVED)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows

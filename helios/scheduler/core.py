@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import PolicyConfig, PromptRateLaw, SchedulerConfig, SpeculationMode
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import Publications
@@ -116,7 +116,9 @@ class Scheduler:
         self._stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
-        self.requests.add(handle, request, self._starting_log_rate())
+        # With the mean-rate law, the starting rate counts as one adaptation time of history.
+        window = None if self.policy.prompt_rate_law is PromptRateLaw.EWMA else self.policy.adaptation_ms
+        self.requests.add(handle, request, self._starting_log_rate(), window)
         self.state.admitted(handle, request)
         return handle
 

@@ -7,14 +7,14 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios.config import PolicyConfig
+from helios.config import PolicyConfig, PromptRateLaw
 from helios.graphs import GraphKind
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import LanePool
 from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
-from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices
+from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices, mean_rate_log
 from helios.scheduler.utility import DecodeReference, count_nonzero, shared_log_scale
 
 
@@ -35,12 +35,14 @@ class PlanningView:
     decode_produced: np.ndarray | None = None
 
 
-def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float):
+def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float,
+                  until_served: bool = False):
     """Copies of the log token/delivery rates of `rows` advanced through every queued frame's
     expected service, and each row's expected delivery time (has, ns) from the queue (None, None
     when the queue is empty).
 
-    Observed history changes only at completion; this projection never touches it.
+    Observed history changes only at completion; this projection never touches it. Rows on the
+    mean-rate law are projected on it, as `accounting.account_interval` will count them.
     """
     n = len(rows)
     log_x, log_z = t.log_x[rows], t.log_z[rows]
@@ -50,6 +52,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
     delivery_ns = np.zeros(n, dtype=np.int64)
     pos = np.full(t.capacity, -1, dtype=np.int64)
     pos[rows] = np.arange(n)
+    window = t.rate_window_ms[rows] if t.mean_law_rows else None  # a copy: fancy indexing
     for frame in queue.frames:
         d = frame.expected_ms
         if d is None:
@@ -68,7 +71,15 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         delivered = lp[mine & (lanes.expected_deliveries > 0)]
         has_delivery[delivered] = True
         delivery_ns[delivered] = frame.expected_end_ns
-        log_x[p] = ewma_log(log_x[p], d, tokens[p], tau_ms)
+        before = log_x[p]
+        log_x[p] = ewma_log(before, d, tokens[p], tau_ms)
+        if window is not None:  # prompts on the mean-rate law, as completion will count them
+            on = window[p] == window[p]
+            m = p[on]
+            log_x[m] = mean_rate_log(before[on], window[m], d, tokens[m])
+            window[m] += d
+            if until_served:
+                window[m[tokens[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
         log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms)
     return log_x, log_z, has_delivery, delivery_ns
@@ -83,7 +94,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded.
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale."""
-    log_x, log_z, has_delivery, delivery_ns = project_rates(t, rows, queue, policy.adaptation_ms)
+    log_x, log_z, has_delivery, delivery_ns = project_rates(
+        t, rows, queue, policy.adaptation_ms, policy.prompt_rate_law is PromptRateLaw.UNTIL_SERVED)
     phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
     queued_prompt = t.queued_prompt[rows]
     cursor = t.prompt_done[rows] + queued_prompt

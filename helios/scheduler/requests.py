@@ -33,7 +33,8 @@ PREFILL, DECODE, DONE = (int(p) for p in Phase)
 _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "prompt_done", "output_done",
                 "queued_prompt", "queued_output", "slot", "pages", "inflight", "last_served_seq",
                 "last_publication_ns", "pending_fence")
-_FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z")
+# rate_window_ms: the averaging window of a prompt-phase mean rate (service.mean_rate_log); NaN on the EWMA.
+_FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms")
 _BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",
                  "has_publication", "has_pending")
 
@@ -93,6 +94,7 @@ class RequestTable:
         # (rows, fence, pending log z, delta) of the last accounted frame whose publication can
         # skip reading the pending columns back (accounting.py); cleared by any other write to them.
         self.pending_batch: tuple | None = None
+        self.mean_law_rows = 0  # live rows whose prompt phase is on the mean-rate law (rate_window_ms set)
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -119,7 +121,8 @@ class RequestTable:
         self.capacity = capacity
 
     # ---- rows ------------------------------------------------------------------------
-    def add(self, handle: RequestHandle, spec: RequestSpec, log_x: float) -> int:
+    def add(self, handle: RequestHandle, spec: RequestSpec, log_x: float, window_ms: float | None = None) -> int:
+        """A new row at starting rate log_x; `window_ms` puts its prompt phase on the mean-rate law."""
         if not self._free:
             self._grow(2 * self.capacity)
         row = self._free.pop()
@@ -145,6 +148,8 @@ class RequestTable:
         self.pending_delta_ms[row] = 0.0
         self.pending_log_z[row] = np.nan
         self.pending_batch = None
+        self.rate_window_ms[row] = np.nan if window_ms is None else window_ms
+        self.mean_law_rows += window_ms is not None
         self.update_phase(np.array([row]))
         return row
 
@@ -259,3 +264,12 @@ class RequestTable:
         done = self.cancelled[rows] | self.finished[rows]
         decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
         self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))
+        if self.mean_law_rows:  # leaving the prompt phase ends the mean-rate law
+            self.leave_mean_law(rows[self.phase[rows] != PREFILL])
+
+    def leave_mean_law(self, rows: np.ndarray) -> None:
+        """Rows that leave the mean-rate law: the EWMA continues from the same rate."""
+        window = self.rate_window_ms[rows]
+        leaving = rows[window == window]
+        self.rate_window_ms[leaving] = np.nan
+        self.mean_law_rows -= len(leaving)

@@ -68,6 +68,21 @@ def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
     return np.logaddexp(np.subtract(log_rate, decay), log_keep + log_served)
 
 
+def mean_rate_log(log_rate, window_ms, delta_ms: float, served):
+    """log of  (r * w + served) / (w + d),  on arrays: a mean rate over a window of w ms, extended
+    by an interval of d ms in which `served` units were received.
+
+    The law before a request has history (`PolicyConfig.prompt_rate_law`): its starting rate counts as
+    one adaptation time (w = tau) and it averages everything since. Unserved, its rate falls as
+    w / (w + d), so its price grows linearly with the wait, without bound. NaN stays NaN.
+    """
+    served = np.asarray(served, dtype=float)
+    with np.errstate(divide="ignore"):  # log 0 = -inf: an unserved interval adds nothing
+        log_served = np.log(served)
+    window_ms = np.asarray(window_ms, dtype=float)
+    return np.logaddexp(log_rate + np.log(window_ms), log_served) - np.log(window_ms + delta_ms)
+
+
 @dataclass(frozen=True, slots=True)
 class PriceCoefficients:
     """log f, log g and log beta, precomputed once per policy (log 0 = -inf)."""

@@ -5,7 +5,7 @@ from dataclasses import replace
 
 import pytest
 
-from helios.config import BALANCED_ADAPTATION_MS, PolicyConfig, SchedulerConfig, SchedulerPolicy, preset
+from helios.config import BALANCED_ADAPTATION_MS, PolicyConfig, PromptRateLaw, SchedulerConfig, SchedulerPolicy, preset
 from helios.errors import ConfigError
 
 
@@ -18,12 +18,15 @@ def test_defaults_match_the_spec_table():
 
 def test_balanced_preset_uses_the_default_coefficients_with_the_measured_adaptation_time():
     # Every preference coefficient is the table's; tau is the study's, and f and g are calibrated
-    # to the measured time scale at decision time (docs/scheduling-utility.md, docs/server.md).
+    # to the measured time scale at decision time, and a request's rate is a mean until its first service
+    # (docs/scheduling-utility.md, docs/server.md).
     assert preset("balanced") == replace(PolicyConfig(), adaptation_ms=BALANCED_ADAPTATION_MS,
-                                         fairness_time_scale=True)
+                                         fairness_time_scale=True, prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
     assert preset("throughput").adaptation_ms == BALANCED_ADAPTATION_MS
     assert preset("throughput").fairness_time_scale
+    assert preset("throughput").prompt_rate_law is PromptRateLaw.UNTIL_SERVED
     assert not PolicyConfig().fairness_time_scale and PolicyConfig().served_stall_pricing
+    assert PolicyConfig().prompt_rate_law is PromptRateLaw.EWMA  # the table's behaviour: one EWMA throughout
 
 
 def test_utility_options_are_validated():
@@ -35,6 +38,10 @@ def test_utility_options_are_validated():
     for bad in (0.0, -5.0, math.inf, "300"):
         with pytest.raises(ConfigError, match="stall_bound_ms"):
             PolicyConfig(stall_bound_ms=bad)
+    assert PolicyConfig(prompt_rate_law="prompt_phase").prompt_rate_law is PromptRateLaw.PROMPT_PHASE
+    for bad in ("mean", 1, None):
+        with pytest.raises(ConfigError, match="prompt_rate_law"):
+            PolicyConfig(prompt_rate_law=bad)
 
 
 def test_throughput_preset_drops_delivery_fairness_and_decode_age_only():

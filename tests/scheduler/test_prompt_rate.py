@@ -1,0 +1,195 @@
+"""The mean-rate laws before a request has history (PolicyConfig.prompt_rate_law, docs/scheduling-utility.md §6).
+
+A request's starting rate counts as one adaptation time of history, and its rate is its mean since
+admission: x = (x0 tau + S) / (tau + W). Unserved, its price grows as (tau + W) / tau, without bound
+but linearly. UNTIL_SERVED (the presets) keeps the mean until the request's first service,
+PROMPT_PHASE until its first output token; then the one EWMA continues from the same rate.
+"""
+
+import math
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from helios.config import PolicyConfig, PromptRateLaw, preset
+from helios.scheduler import ExecutionTiming
+from helios.scheduler.planning import project_rates
+from helios.scheduler.requests import DECODE, PREFILL
+from helios.scheduler.service import ewma_log, mean_rate_log
+
+from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for, spec
+
+TAU = 100.0
+TABLE = {decode(1): 10.0, decode(2): 11.0, decode(4): 12.0, prefill(64): 8.0, prefill(256): 20.0}
+MEAN = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
+UNTIL = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
+
+
+@settings(deadline=None, max_examples=60)
+@given(st.floats(-8.0, 3.0), st.lists(st.tuples(st.floats(0.5, 500.0), st.floats(0.0, 50.0)), max_size=12))
+def test_the_mean_law_is_the_closed_form_mean_with_one_tau_of_prior(log_x0, intervals):
+    log_x, window = log_x0, TAU
+    mass, elapsed = math.exp(log_x0) * TAU, TAU
+    for d, s in intervals:
+        log_x = float(mean_rate_log(log_x, window, d, s))
+        window += d
+        mass, elapsed = mass + s, elapsed + d
+        assert log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9, abs=1e-9)
+
+
+@settings(deadline=None, max_examples=40)
+@given(st.floats(-8.0, 3.0), st.lists(st.floats(0.5, 500.0), min_size=1, max_size=12))
+def test_an_unserved_prompt_price_grows_linearly_and_without_bound(log_x0, waits):
+    """f/x grows by exactly (tau + W) / tau after W unserved ms: unbounded, never exponential."""
+    log_x, window = log_x0, TAU
+    for d in waits:
+        before = log_x
+        log_x = float(mean_rate_log(log_x, window, d, 0.0))
+        window += d
+        assert log_x < before
+    assert log_x0 - log_x == pytest.approx(math.log(window / TAU), rel=1e-9)
+    for wait in (1e6, 1e12):  # no bound on the growth
+        assert float(mean_rate_log(log_x, window, wait, 0.0)) == pytest.approx(log_x - math.log((window + wait) / window))
+
+
+def _served(s, plan, handle):
+    """Normalized service of `handle` in `plan`, as completion counts it (commit-time references)."""
+    norm = s._normalizers()
+    return sum(norm.normalized_service(int(lane.prompt_tokens), int(lane.output_rows))
+               for lane in plan.lanes if lane.handle == handle)
+
+
+def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
+    slow = {**TABLE, prefill(64): 40.0, prefill(256): 100.0}  # decoding wins some frames first
+    s = make(slow, policy=MEAN)
+    d = Driver(s, FixedCosts(slow))
+    for _ in range(2):
+        s.admit(spec(prompt=64, out=400), 0)
+    d.run(4)
+    h = s.admit(spec(prompt=600, out=8), s.now_ns)
+    mass, elapsed = math.exp(s.request_row(h).log_x) * TAU, TAU
+    unserved = served_frames = 0
+    while s.request_row(h).phase.value == PREFILL:
+        plan = d.run_one()
+        _, start, end = d.history[-1]
+        service = _served(s, plan, h)
+        mass, elapsed = mass + service, elapsed + (end - start) / MS
+        unserved += service == 0
+        served_frames += service > 0
+        assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
+    assert unserved and served_frames >= 2  # it waited, and took several chunks
+    assert s.request_row(h).phase.value == DECODE
+    entered = s.request_row(h).log_x
+    plan = d.run_one()
+    _, start, end = d.history[-1]
+    # A decoder again: the one EWMA, from the rate the prompt phase left.
+    expected = float(ewma_log(entered, (end - start) / MS, _served(s, plan, h), TAU))
+    assert s.request_row(h).log_x == pytest.approx(expected, rel=1e-9)
+
+
+def test_the_phase_transition_itself_moves_no_price_on_the_mean_law():
+    """The interval that finishes the prompt is counted on the mean law (chunk and first token);
+    leaving the prompt phase then changes nothing until the next actual service."""
+    s = make(TABLE, policy=MEAN)
+    h = s.admit(spec(prompt=64, out=8), 0)
+    x0 = s.request_row(h).log_x
+    plan = s.plan()
+    s.commit(plan, 1)
+    s.advance_to(8 * MS)
+    s.complete(1, records_for(plan), ExecutionTiming((8 * MS,)))
+    row = s.request_row(h)
+    assert row.phase.value == DECODE
+    assert row.log_x == pytest.approx(math.log((math.exp(x0) * TAU + _served(s, plan, h)) / (TAU + 8.0)))
+    assert s.requests.mean_law_rows == 0 and np.isnan(s.requests.rate_window_ms[s.requests.row(h)])
+    s.plan()  # planning projects copies only
+    assert s.request_row(h).log_x == row.log_x
+
+
+def test_the_projection_counts_a_waiting_prompt_on_the_mean_law_as_completion_will():
+    slow = {**TABLE, prefill(64): 400.0, prefill(256): 900.0}  # the prompt loses to decoding for a while
+    s = make(slow, policy=MEAN)
+    d = Driver(s, FixedCosts(slow))
+    for _ in range(2):
+        s.admit(spec(prompt=64, out=400), 0)
+    d.run(4)
+    h = s.admit(spec(prompt=256, out=8), s.now_ns)
+    plan = s.plan()
+    assert plan.shape.kind.name == "DECODE"
+    d.fence += 1
+    s.commit(plan, d.fence)
+    rows = s.requests.live_rows()
+    projected = project_rates(s.requests, rows, s.queue, TAU)[0][list(rows).index(s.requests.row(h))]
+    ns = plan.estimated_duration_ns
+    s.advance_to(s.now_ns + ns)
+    s.complete(d.fence, records_for(plan), ExecutionTiming((ns,)))
+    assert s.request_row(h).log_x == pytest.approx(float(projected), rel=1e-12)
+    assert s.request_row(h).phase.value == PREFILL  # still waiting: the law still applies
+
+
+def test_equal_prompt_histories_give_equal_prices_on_the_mean_law():
+    s = make(TABLE, policy=MEAN)
+    d = Driver(s, FixedCosts(TABLE))
+    s.admit(spec(prompt=64, out=400), 0)
+    d.run(3)
+    a, b = (s.admit(spec(prompt=5000, out=8), s.now_ns) for _ in range(2))
+    d.run(3)  # both wait, or one is served: compare only while their histories are equal
+    ra, rb = s.request_row(a), s.request_row(b)
+    if ra.prompt_done == rb.prompt_done:
+        assert ra.log_x == rb.log_x
+
+
+def test_a_mean_until_served_lasts_until_the_first_chunk_then_the_ewma():
+    slow = {**TABLE, prefill(64): 400.0, prefill(256): 900.0}  # decoding wins the first frames
+    s = make(slow, policy=UNTIL)
+    d = Driver(s, FixedCosts(slow))
+    for _ in range(2):
+        s.admit(spec(prompt=64, out=400), 0)
+    d.run(4)
+    h = s.admit(spec(prompt=600, out=8), s.now_ns)
+    mass, elapsed = math.exp(s.request_row(h).log_x) * TAU, TAU
+    waited = 0
+    while True:
+        plan = d.run_one()
+        _, start, end = d.history[-1]
+        service, ms = _served(s, plan, h), (end - start) / MS
+        mass, elapsed = mass + service, elapsed + ms
+        assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
+        if service:
+            break
+        waited += 1
+    assert waited and s.request_row(h).phase.value == PREFILL  # waited, then took a first chunk
+    assert s.requests.mean_law_rows == 0
+    while True:  # prompt-phase history from here on: the one EWMA, served or not
+        before = s.request_row(h).log_x
+        plan = d.run_one()
+        _, start, end = d.history[-1]
+        expected = float(ewma_log(before, (end - start) / MS, _served(s, plan, h), TAU))
+        assert s.request_row(h).log_x == pytest.approx(expected, rel=1e-9)
+        if s.request_row(h).phase.value == DECODE:
+            break
+
+
+@pytest.mark.parametrize("policy", [MEAN, UNTIL], ids=["prompt_phase", "until_served"])
+def test_a_cancelled_or_finished_prompt_leaves_no_row_on_the_mean_law(policy):
+    s = make(TABLE, policy=policy)
+    d = Driver(s, FixedCosts(TABLE))
+    hs = [s.admit(spec(prompt=300, out=4), 0) for _ in range(4)]
+    s.cancel(hs[0], 0)
+    d.run(60)
+    assert not any(s.is_live(h) for h in hs)  # every one retired: cancelled or finished
+    assert s.requests.mean_law_rows == 0
+
+
+def test_the_presets_use_the_mean_until_served_and_the_table_does_not():
+    assert preset("balanced").prompt_rate_law is PromptRateLaw.UNTIL_SERVED
+    assert preset("throughput").prompt_rate_law is PromptRateLaw.UNTIL_SERVED
+    s = make(TABLE)
+    h = s.admit(spec(prompt=64), 0)
+    assert s.requests.mean_law_rows == 0 and np.isnan(s.requests.rate_window_ms[s.requests.row(h)])
+    m = make(TABLE, policy=MEAN)
+    h = m.admit(spec(prompt=64), 0)
+    assert m.requests.mean_law_rows == 1 and m.requests.rate_window_ms[m.requests.row(h)] == TAU
+    m.cancel(h, 1)  # leaving by cancellation ends the law too
+    assert m.requests.mean_law_rows == 0
