@@ -36,11 +36,11 @@ class PromptRateLaw(Enum):
     """How a request's token rate x moves before it has output (docs/scheduling-utility.md §6).
 
     EWMA (the table's behaviour): the one EWMA from admission; a waiting prompt's price grows as
-    e^(W/tau). UNTIL_SERVED (the presets): a request with no service yet has no history to forget;
-    its rate is its starting rate averaged over its wait, the start counting as one adaptation time,
-    x = x0 tau / (tau + W), so its price grows linearly; its first service starts the EWMA.
-    PROMPT_PHASE: the same mean, kept for the whole prompt phase, x = (x0 tau + S) / (tau + W), until
-    the first output token (the ablation: shorter gaps on long prompts, longer TTFT tails).
+    e^(W/tau). PROMPT_PHASE (the presets): until its first output token a request's rate is its mean
+    progress toward that token since admission, its starting rate counting as one adaptation time and
+    a prompt of P tokens as one output token, x = (x0 tau + p/P) / (tau + W): a waiting prompt's price
+    grows linearly, and a partly prefilled one keeps its place; then the EWMA continues from the same
+    rate. UNTIL_SERVED (ablation): the same mean only until the request's first service.
     """
 
     EWMA = "ewma"
@@ -149,7 +149,7 @@ def preset(
     # The spec's table, with the adaptation time measured for graphs of tens to hundreds of ms
     # (docs/scheduling-utility.md, "Adaptation time"; docs/server.md): both presets share it.
     config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True,
-                          prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
+                          prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
     if policy is SchedulerPolicy.THROUGHPUT:
         # Throughput keeps token fairness and output value, drops cadence preferences.
         config = replace(config, delivery_fairness=0.0, decode_age_price=0.0)

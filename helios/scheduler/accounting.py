@@ -19,14 +19,16 @@ from helios.scheduler.utility import count_nonzero
 
 
 def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
-                     delta_ms: float, tau_ms: float, intact: bool = False, until_served: bool = False) -> None:
+                     delta_ms: float, tau_ms: float, intact: bool = False, until_served: bool = False,
+                     progress: np.ndarray | None = None) -> None:
     """One measured interval of `delta_ms`: every participant of the frame (the live requests
     at its dispatch) gets the service its lanes received (zero when unserved) folded into x.
     `served_tokens` is already normalized by the frame's commit-time reference rates
     (`Normalizers.normalized_service`): x is a share of the machine, not tokens/ms. It may be
     the float 1.0 when every lane was served one token (ewma_log's one-per-lane form), and
     `served_outputs` None when every lane produced output. Rows on the mean-rate law (a set
-    `rate_window_ms`) follow `service.mean_rate_log` instead; with `until_served` a row leaves that law
+    `rate_window_ms`) follow `service.mean_rate_log` instead, with the lanes' first-token `progress`
+    (lane-aligned, given whenever a row is on that law); with `until_served` a row leaves the law
     after its first served interval (PromptRateLaw.UNTIL_SERVED).
 
     A delivery is recorded as zero at completion; the publication of the frame's output then
@@ -58,7 +60,9 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
         window = t.rate_window_ms[rows]
         m = (window == window).nonzero()[0]
         if len(m):
-            served = np.broadcast_to(tokens, rows.shape)[m]
+            lane_progress = np.zeros(t.capacity)
+            lane_progress[frame.rows] = progress
+            served = lane_progress[rows[m]]
             t.log_x[rows[m]] = mean_rate_log(log_x[m], window[m], delta_ms, served)
             t.rate_window_ms[rows[m]] = window[m] + delta_ms
             if until_served:  # its first service starts its history: the EWMA from now on

@@ -12,6 +12,7 @@ from helios.config import PromptRateLaw
 from helios.errors import InvalidCompletion
 from helios.graphs import GraphKind
 from helios.scheduler.accounting import account_interval
+from helios.scheduler.service import first_token_progress
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason
 from helios.scheduler.queue import ExecutionQueue, Frame
 from helios.scheduler.requests import DONE, RequestTable
@@ -243,8 +244,11 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
         served = (frame.normalizers.normalized_service(lanes.prompt_tokens, counts) if prompt
                   else 1.0 if checked.single else counts)
+        # Rows on the mean-rate law count progress toward their first token instead (service.py).
+        progress = first_token_progress(lanes.prompt_tokens, t.prompt_tokens[rows], counts) if t.mean_law_rows else None
         account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
-                         sched.policy.adaptation_ms, intact, sched.policy.prompt_rate_law is PromptRateLaw.UNTIL_SERVED)
+                         sched.policy.adaptation_ms, intact,
+                         sched.policy.prompt_rate_law is PromptRateLaw.UNTIL_SERVED, progress)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows

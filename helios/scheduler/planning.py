@@ -14,7 +14,8 @@ from helios.scheduler.policy import LanePool
 from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
-from helios.scheduler.service import Normalizers, PriceCoefficients, ewma_log, log_prices, mean_rate_log
+from helios.scheduler.service import (Normalizers, PriceCoefficients, ewma_log, first_token_progress, log_prices,
+                                      mean_rate_log)
 from helios.scheduler.utility import DecodeReference, count_nonzero, shared_log_scale
 
 
@@ -74,12 +75,16 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         before = log_x[p]
         log_x[p] = ewma_log(before, d, tokens[p], tau_ms)
         if window is not None:  # prompts on the mean-rate law, as completion will count them
+            progress = np.zeros(n)
+            progress[lp[mine]] = first_token_progress(
+                lanes.prompt_tokens[mine], t.prompt_tokens[frame.rows[mine]],
+                lanes.expected_tokens[mine] - lanes.prompt_tokens[mine])
             on = window[p] == window[p]
             m = p[on]
-            log_x[m] = mean_rate_log(before[on], window[m], d, tokens[m])
+            log_x[m] = mean_rate_log(before[on], window[m], d, progress[m])
             window[m] += d
             if until_served:
-                window[m[tokens[m] > 0]] = np.nan
+                window[m[progress[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
         log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms)
     return log_x, log_z, has_delivery, delivery_ns

@@ -83,6 +83,12 @@ def mean_rate_log(log_rate, window_ms, delta_ms: float, served):
     return np.logaddexp(log_rate + np.log(window_ms), log_served) - np.log(window_ms + delta_ms)
 
 
+def first_token_progress(prompt_tokens, prompt_lengths, outputs):
+    """Service on the mean-rate law: progress toward the first output token. A prompt of P tokens is
+    worth one output token, so each of its tokens counts 1/P; output tokens count one each."""
+    return np.asarray(prompt_tokens, dtype=float) / prompt_lengths + outputs
+
+
 @dataclass(frozen=True, slots=True)
 class PriceCoefficients:
     """log f, log g and log beta, precomputed once per policy (log 0 = -inf)."""

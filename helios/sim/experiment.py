@@ -12,6 +12,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Sequence
 
 import numpy as np
@@ -111,12 +112,18 @@ def split_variant(name: str) -> tuple[str, dict]:
         if not eq or key not in fields:
             raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: use field=value with a "
                               f"PolicyConfig field")
-        if isinstance(getattr(PolicyConfig(), key), bool):
+        default = getattr(PolicyConfig(), key)
+        if isinstance(default, bool):
             overrides[key] = text.lower() in ("1", "true", "on", "yes")
+        elif isinstance(default, Enum):
+            overrides[key] = text  # PolicyConfig takes the value and names the choices when it is wrong
         elif text.lower() in ("none", "off"):
             overrides[key] = None
         else:
-            overrides[key] = float(text)
+            try:
+                overrides[key] = float(text)
+            except ValueError:
+                raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: {text!r} is not a number") from None
     return base, overrides
 
 

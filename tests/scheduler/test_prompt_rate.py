@@ -1,9 +1,10 @@
 """The mean-rate laws before a request has history (PolicyConfig.prompt_rate_law, docs/scheduling-utility.md §6).
 
-A request's starting rate counts as one adaptation time of history, and its rate is its mean since
-admission: x = (x0 tau + S) / (tau + W). Unserved, its price grows as (tau + W) / tau, without bound
-but linearly. UNTIL_SERVED (the presets) keeps the mean until the request's first service,
-PROMPT_PHASE until its first output token; then the one EWMA continues from the same rate.
+A request's starting rate counts as one adaptation time of history, and its rate is its mean progress
+toward its first token since admission (a prompt of P tokens is worth one output token):
+x = (x0 tau + p/P) / (tau + W). Unserved, its price grows as (tau + W) / tau, without bound but
+linearly. PROMPT_PHASE (the presets) keeps the mean until the request's first output token,
+UNTIL_SERVED until its first service; then the one EWMA continues from the same rate.
 """
 
 import math
@@ -55,10 +56,16 @@ def test_an_unserved_prompt_price_grows_linearly_and_without_bound(log_x0, waits
 
 
 def _served(s, plan, handle):
-    """Normalized service of `handle` in `plan`, as completion counts it (commit-time references)."""
+    """Normalized service of `handle` in `plan`, as the EWMA counts it (commit-time references)."""
     norm = s._normalizers()
     return sum(norm.normalized_service(int(lane.prompt_tokens), int(lane.output_rows))
                for lane in plan.lanes if lane.handle == handle)
+
+
+def _progress(s, plan, handle):
+    """Progress of `handle` toward its first token in `plan`, as the mean law counts it."""
+    length = s.request_row(handle).spec.prompt_tokens
+    return sum(int(lane.prompt_tokens) / length + int(lane.output_rows) for lane in plan.lanes if lane.handle == handle)
 
 
 def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
@@ -74,7 +81,7 @@ def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
     while s.request_row(h).phase.value == PREFILL:
         plan = d.run_one()
         _, start, end = d.history[-1]
-        service = _served(s, plan, h)
+        service = _progress(s, plan, h)
         mass, elapsed = mass + service, elapsed + (end - start) / MS
         unserved += service == 0
         served_frames += service > 0
@@ -101,7 +108,9 @@ def test_the_phase_transition_itself_moves_no_price_on_the_mean_law():
     s.complete(1, records_for(plan), ExecutionTiming((8 * MS,)))
     row = s.request_row(h)
     assert row.phase.value == DECODE
-    assert row.log_x == pytest.approx(math.log((math.exp(x0) * TAU + _served(s, plan, h)) / (TAU + 8.0)))
+    # The whole 64-token prompt (one output token's worth) and the first token: 2 units in 8 ms.
+    assert _progress(s, plan, h) == pytest.approx(2.0)
+    assert row.log_x == pytest.approx(math.log((math.exp(x0) * TAU + 2.0) / (TAU + 8.0)))
     assert s.requests.mean_law_rows == 0 and np.isnan(s.requests.rate_window_ms[s.requests.row(h)])
     s.plan()  # planning projects copies only
     assert s.request_row(h).log_x == row.log_x
@@ -153,7 +162,7 @@ def test_a_mean_until_served_lasts_until_the_first_chunk_then_the_ewma():
     while True:
         plan = d.run_one()
         _, start, end = d.history[-1]
-        service, ms = _served(s, plan, h), (end - start) / MS
+        service, ms = _progress(s, plan, h), (end - start) / MS
         mass, elapsed = mass + service, elapsed + ms
         assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
         if service:
@@ -182,9 +191,9 @@ def test_a_cancelled_or_finished_prompt_leaves_no_row_on_the_mean_law(policy):
     assert s.requests.mean_law_rows == 0
 
 
-def test_the_presets_use_the_mean_until_served_and_the_table_does_not():
-    assert preset("balanced").prompt_rate_law is PromptRateLaw.UNTIL_SERVED
-    assert preset("throughput").prompt_rate_law is PromptRateLaw.UNTIL_SERVED
+def test_the_presets_use_the_prompt_phase_mean_and_the_table_does_not():
+    assert preset("balanced").prompt_rate_law is PromptRateLaw.PROMPT_PHASE
+    assert preset("throughput").prompt_rate_law is PromptRateLaw.PROMPT_PHASE
     s = make(TABLE)
     h = s.admit(spec(prompt=64), 0)
     assert s.requests.mean_law_rows == 0 and np.isnan(s.requests.rate_window_ms[s.requests.row(h)])
