@@ -35,12 +35,16 @@ class AcceptanceEstimate(Enum):
 class PromptRateLaw(Enum):
     """How a request's token rate x moves before it has output (docs/scheduling-utility.md §6).
 
-    EWMA (the table's behaviour): the one EWMA from admission; a waiting prompt's price grows as
-    e^(W/tau). PROMPT_PHASE (the presets): until its first output token a request's rate is its mean
-    progress toward that token since admission, its starting rate counting as one adaptation time and
-    a prompt of P tokens as one output token, x = (x0 tau + p/P) / (tau + W): a waiting prompt's price
-    grows linearly, and a partly prefilled one keeps its place; then the EWMA continues from the same
-    rate. UNTIL_SERVED (ablation): the same mean only until the request's first service.
+    EWMA (the table's behaviour and the presets'): the one EWMA from admission; a waiting prompt's
+    price grows as e^(W/tau). PROMPT_PHASE (an option): until its first output token a request's rate
+    is its mean progress toward that token since admission, its starting rate counting as one
+    adaptation time and a prompt of P tokens as one output token, x = (x0 tau + p/P) / (tau + W): a
+    waiting prompt's price grows linearly, and a partly prefilled one keeps its place; then the EWMA
+    continues from the same rate. UNTIL_SERVED (ablation): the same mean only until the first service.
+    Why neither is the presets' default: docs/scheduling-utility.md §6 (better SLO goodput on the
+    simulated traces with mixed graphs; far later first tokens for a burst of prompts on the CPU server,
+    where a prefill graph stalls the decoders for 10-20 tau and a linearly growing price cannot outbid
+    that stall's e^(T/tau)).
     """
 
     EWMA = "ewma"
@@ -148,8 +152,7 @@ def preset(
         raise ConfigError("scheduler_policy", f"unknown policy {policy!r} (choose {names})") from None
     # The spec's table, with the adaptation time measured for graphs of tens to hundreds of ms
     # (docs/scheduling-utility.md, "Adaptation time"; docs/server.md): both presets share it.
-    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True,
-                          prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
+    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True)
     if policy is SchedulerPolicy.THROUGHPUT:
         # Throughput keeps token fairness and output value, drops cadence preferences.
         config = replace(config, delivery_fairness=0.0, decode_age_price=0.0)

@@ -18,13 +18,12 @@ def test_defaults_match_the_spec_table():
 
 def test_balanced_preset_uses_the_default_coefficients_with_the_measured_adaptation_time():
     # Every preference coefficient is the table's; tau is the study's, and f and g are calibrated
-    # to the measured time scale at decision time, and a request's rate is a mean until its first output
-    # (docs/scheduling-utility.md, docs/server.md).
+    # to the measured time scale at decision time (docs/scheduling-utility.md, docs/server.md).
     assert preset("balanced") == replace(PolicyConfig(), adaptation_ms=BALANCED_ADAPTATION_MS,
-                                         fairness_time_scale=True, prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
+                                         fairness_time_scale=True)
     assert preset("throughput").adaptation_ms == BALANCED_ADAPTATION_MS
     assert preset("throughput").fairness_time_scale
-    assert preset("throughput").prompt_rate_law is PromptRateLaw.PROMPT_PHASE
+    assert preset("throughput").prompt_rate_law is PromptRateLaw.EWMA
     assert not PolicyConfig().fairness_time_scale and PolicyConfig().served_stall_pricing
     assert PolicyConfig().prompt_rate_law is PromptRateLaw.EWMA  # the table's behaviour: one EWMA throughout
 

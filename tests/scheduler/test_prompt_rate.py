@@ -3,8 +3,8 @@
 A request's starting rate counts as one adaptation time of history, and its rate is its mean progress
 toward its first token since admission (a prompt of P tokens is worth one output token):
 x = (x0 tau + p/P) / (tau + W). Unserved, its price grows as (tau + W) / tau, without bound but
-linearly. PROMPT_PHASE (the presets) keeps the mean until the request's first output token,
-UNTIL_SERVED until its first service; then the one EWMA continues from the same rate.
+linearly. PROMPT_PHASE keeps the mean until the request's first output token, UNTIL_SERVED until its
+first service; then the one EWMA continues from the same rate. The presets keep the table's EWMA.
 """
 
 import math
@@ -191,9 +191,9 @@ def test_a_cancelled_or_finished_prompt_leaves_no_row_on_the_mean_law(policy):
     assert s.requests.mean_law_rows == 0
 
 
-def test_the_presets_use_the_prompt_phase_mean_and_the_table_does_not():
-    assert preset("balanced").prompt_rate_law is PromptRateLaw.PROMPT_PHASE
-    assert preset("throughput").prompt_rate_law is PromptRateLaw.PROMPT_PHASE
+def test_only_a_mean_law_puts_rows_on_it_and_the_presets_keep_the_ewma():
+    assert preset("balanced").prompt_rate_law is PromptRateLaw.EWMA
+    assert preset("throughput").prompt_rate_law is PromptRateLaw.EWMA
     s = make(TABLE)
     h = s.admit(spec(prompt=64), 0)
     assert s.requests.mean_law_rows == 0 and np.isnan(s.requests.rate_window_ms[s.requests.row(h)])
