@@ -84,7 +84,6 @@ class WindowState:
     restore_due: bool = False  # the boundary snapshot completed; the restore has not
     busy: bool = False  # a window operation of this request is in flight
     row: bool = False  # holds a private snapshot row
-    restores: int = 0  # fresh generations bound by window restores
 
     @property
     def multi(self) -> bool:
@@ -219,7 +218,6 @@ class VisionWindows:
             else:
                 ws.restore_due, ws.populated = False, False
                 ws.active += 1
-                ws.restores += 1
                 if ws.boundary() is None:
                     self._release(ws)  # no boundary left: the private row has done its work
 
