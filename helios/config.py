@@ -184,6 +184,9 @@ class SchedulerConfig:
     # copies fit this share of a request's estimated uncached prefill work, and productive
     # decode earns the same share of its measured time for a terminal capture.
     checkpoint_extra_work_fraction: float = 0.05
+    # Private snapshot rows for vision windows: a request whose images span several windows
+    # reserves one from its first vision graph until its last window is restored (vision.py).
+    window_snapshot_rows: int = 64
     # How acceptance estimates read their observations; CONDITIONAL departs from the spec's
     # untrained 0.5^d and "unobserved suffixes retain their means" (docs/speculation.md).
     acceptance_estimate: AcceptanceEstimate = AcceptanceEstimate.CONDITIONAL

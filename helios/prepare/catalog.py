@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from helios.config import SpeculationMode
 from helios.errors import ConfigError
-from helios.graphs import Catalog
+from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare.mixed import DEFAULT_COMPLETION_TOKEN_CAPACITY, check_mixed_widths, mixed_shapes
 from helios.prepare.ordinary import ordinary_catalog
 from helios.prepare.speculative import with_speculation
@@ -34,6 +34,10 @@ class Capacities:
     ragged                       where B x W exceeds R, prepare a ragged program with P = R
     mixed_prefill                also prepare mixed prefill/generation graphs (`--mixed-prefill`)
     completion_token_capacity    the core's bound on a mixed graph's decode width (8 when undeclared)
+    vision_feature_storage       prepared feature rows per vision window (0: no vision graphs). With it,
+                                 VISION graphs B x storage at the power-of-two buckets up to
+                                 min(max_batch, 8), and one-row SNAPSHOT and RESTORE graphs for the
+                                 private window snapshots (SimCore; TorchCore has no vision tower)
     """
 
     max_batch: int
@@ -46,6 +50,7 @@ class Capacities:
     ragged: bool = True
     mixed_prefill: bool = False
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY
+    vision_feature_storage: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_chunks", tuple(sorted(set(self.prefill_chunks))))
@@ -64,6 +69,9 @@ class Capacities:
         cap = self.completion_token_capacity
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise ConfigError("completion_token_capacity", f"must be a positive integer, got {cap!r}")
+        storage = self.vision_feature_storage
+        if isinstance(storage, bool) or not isinstance(storage, int) or storage < 0:
+            raise ConfigError("vision_feature_storage", f"must be a nonnegative integer, got {storage!r}")
 
 
 def build_catalog(capacities: Capacities) -> Catalog:
@@ -72,6 +80,8 @@ def build_catalog(capacities: Capacities) -> Catalog:
     catalog = ordinary_catalog(c.max_batch, c.prefill_chunks, c.max_prefill_tokens, c.scored_prefill)
     if c.speculation is not SpeculationMode.OFF:
         catalog = with_speculation(catalog, c.max_batch, c.widths, c.speculative_token_capacity, c.ragged)
+    if c.vision_feature_storage:
+        catalog = Catalog(list(catalog) + vision_shapes(c.max_batch, c.vision_feature_storage))
     if not c.mixed_prefill:
         return catalog
     # The loaded decode mode picks the variant: zero drafts selects the ordinary mixed catalog.
@@ -81,3 +91,13 @@ def build_catalog(capacities: Capacities) -> Catalog:
                          c.completion_token_capacity, c.widths)
     check_mixed_widths(mixed, c.completion_token_capacity)
     return Catalog(list(catalog) + mixed)
+
+
+def vision_shapes(max_batch: int, storage: int) -> list[GraphShape]:
+    """VISION graphs (one window of `storage` feature rows per row) at the power-of-two buckets up
+    to min(max_batch, 8), and the one-row SNAPSHOT and RESTORE graphs a window boundary needs."""
+    shapes, b = [], 1
+    while b <= min(max_batch, 8):
+        shapes.append(GraphShape(GraphKind.VISION, b, storage))
+        b *= 2
+    return shapes + [GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)]

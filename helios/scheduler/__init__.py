@@ -3,12 +3,12 @@
 from helios.scheduler.core import Scheduler
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.plan import (
-    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, Lane, PlanLanes, PlanTrace,
+    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, ImageSpan, Lane, PlanLanes, PlanTrace,
     RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
 )
 
 __all__ = [
     "Scheduler", "CostState", "CostTable", "CompletionRecord", "ExecutionTiming", "Fence",
-    "FinishReason", "GeneratedToken", "Lane", "PlanLanes", "PlanTrace", "RequestHandle", "RequestSpec",
+    "FinishReason", "GeneratedToken", "ImageSpan", "Lane", "PlanLanes", "PlanTrace", "RequestHandle", "RequestSpec",
     "ScheduledPlan", "SelectionReason",
 ]

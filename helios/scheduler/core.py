@@ -36,6 +36,8 @@ from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
 from helios.scheduler.tracelog import TraceLog
 from helios.scheduler.utility import DecodeReference, count_nonzero
+from helios.scheduler.vision import VisionWindows
+from helios.scheduler.vision_candidates import WindowCandidate, window_candidates, window_log_scale
 from helios.scheduler.queue import ExecutionQueue, Frame
 
 RETIRED_MEMORY = 4096
@@ -93,6 +95,7 @@ class Scheduler:
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
         self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
                                      self.config.checkpoint_extra_work_fraction)
+        self.vision = VisionWindows(catalog, self.config, self.plans_state_operations)  # image windows
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -113,6 +116,7 @@ class Scheduler:
             raise InvalidRequest("the catalog has no prefill graph to consume the prompt")
         if self.resources.extent_pages(request) > self.resources.total_pages:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
+        windows = self.vision.check(request, self._max_chunk(request)) if request.images else ()
         self._stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
@@ -120,7 +124,15 @@ class Scheduler:
         window = None if self.policy.prompt_rate_law is PromptRateLaw.EWMA else self.policy.adaptation_ms
         self.requests.add(handle, request, self._starting_log_rate(), window)
         self.state.admitted(handle, request)
+        if windows:
+            self.vision.admitted(handle, request, windows)
         return handle
+
+    def _max_chunk(self, request: RequestSpec) -> int:
+        """The most prompt tokens one chunk of this request's prefill kind can take."""
+        if request.score_prompt:
+            return max((s.token_capacity for s in self.shapes.scored_prefill), default=0)
+        return max([s.token_capacity for s in self.shapes.prefill] + [s.prefill_capacity for s in self.shapes.mixed])
 
     def _starting_log_rate(self) -> float:
         # A new request starts at the mean token rate of the live requests, so equal
@@ -163,6 +175,8 @@ class Scheduler:
             handle = int(t.handle[row])
             if self.state.holds(handle):
                 continue  # a terminal capture retires through its snapshot
+            if self.vision.requests:
+                self.vision.retired(handle)  # its private snapshot row, if it still holds one
             self.resources.release(t, row)
             t.remove(row)
             if len(self._retired) == self._retired.maxlen:
@@ -184,6 +198,8 @@ class Scheduler:
         if self.state.captures:
             view.waiting += terminal_waiting(self.state, view.log_scale)
         candidates = self._state_candidates(view, costs)
+        if self.vision.requests:  # vision graphs and window snapshots/restores (vision_candidates.py)
+            candidates += self._window_candidates(view, costs)
         candidates += decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
         # Device allocation needs the program's causal confidence; copy proposals have none,
         # so adaptive copy speculation chooses widths with host allocation.
@@ -213,6 +229,15 @@ class Scheduler:
                                      self._coeff(), view.log_scale, view.waiting, budget, pages,
                                      view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
 
+    def _window_candidates(self, view: PlanningView, costs) -> list:
+        t = self.requests
+        shapes_of = lambda row: self.shapes.prefill_of(  # noqa: E731
+            GraphKind.SCORED_PREFILL if t.score_prompt[row] else GraphKind.PREFILL)
+        return window_candidates(self.vision, t, self.state.restoring, costs, shapes_of, self._coeff(),
+                                 view.log_scale, view.waiting,
+                                 Budget(self.resources.free_slots, self.resources.free_pages),
+                                 lambda rows: self.resources.extent_pages_of(t, rows), view.prefill)
+
     def _view(self) -> PlanningView | None:
         """Live requests projected to the queue's expected end, or None when nothing can queue."""
         if not self.queue.accepts_more(self.now_ns):
@@ -221,21 +246,31 @@ class Scheduler:
         live = self.requests.live_rows()
         if self.state.restoring or self.state.captures:  # restores not completed, preemptions
             live = live[~self.state.not_ready(self.requests, live)]
-        if not len(live) and not (self.state.captures or self.state.restoring):
+        if self.vision.requests:  # prompts waiting for a window operation
+            live = live[~self.vision.not_ready(self.requests, live)]
+        if not len(live) and not (self.state.captures or self.state.restoring or self.vision.requests):
             return None
         decode, norm, coeff = self._derived()
-        return build_view(self.requests, live, self.queue, self.policy, coeff, decode, norm,
+        floor = restore_log_scale(self.state, self.requests, coeff)
+        if self.vision.requests:
+            floor = max(floor, window_log_scale(self.vision, self.requests, coeff))
+        view = build_view(self.requests, live, self.queue, self.policy, coeff, decode, norm,
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
-                          (self.speculation, self.source) if self.shapes.rounds else None,
-                          restore_log_scale(self.state, self.requests, coeff))
+                          (self.speculation, self.source) if self.shapes.rounds else None, floor)
+        if self.vision.requests:
+            self.vision.restrict(view, self.requests)  # legal chunk ends of image requests
+        return view
 
     def _plan_from(self, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
         """Freeze the winning candidate into a plan, or None while it needs an empty window."""
         if winner is None:
             return None
         kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
-        if kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
+        window = type(winner) is WindowCandidate
+        if window:
+            lanes = winner.lanes_of()
+        elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
             lanes = self.state.lanes(self.requests, kind, winner.table_rows[winner.members],
                                      winner.lane_values[winner.members])
         elif kind is GraphKind.SPECULATIVE:
@@ -263,7 +298,8 @@ class Scheduler:
         return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
                              feedback, winner.cost_state is CostState.STALE, self.now_ns,
                              self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device,
-                             None if rows is None else (self.requests, self._stamp, lanes, rows))
+                             None if rows is None else (self.requests, self._stamp, lanes, rows),
+                             private_state=window and kind is not GraphKind.VISION)
 
     def _spec_lanes(self, winner, view: PlanningView):
         pool, t = view.decode, winner.t_ms or 0.0
@@ -370,8 +406,13 @@ class Scheduler:
             need = sum(self.resources.extent_pages_of(t, newcomers).tolist())
             if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
                 raise StalePlan("not enough free slots or pages for the plan's new requests")
+        window = bool(self.vision.requests) and self.vision.is_window_plan(plan)
+        if window:
+            self.vision.check_commit(plan)  # private snapshot rows
         # Validated: mutate.
         self._stamp += 1
+        if window:
+            self.vision.committed(plan)
         if newcomers is not None:
             self.resources.acquire(t, newcomers)
         isolated = not len(self.queue)
@@ -436,8 +477,10 @@ class Scheduler:
                         else (fence, self._stamp, *bursts))
         if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
             out = self._complete_state(checked.frame.plan, fence, timing, out)
+        if self.vision.requests and self.vision.is_window_plan(checked.frame.plan):
+            self.vision.completed(checked.frame.plan, self.requests)
         rows = checked.frame.rows
-        if some_done or self.state.enabled:  # else every lane is still live: none can retire
+        if some_done or self.state.enabled or self.vision.requests:  # else every lane is still live: none can retire
             self._retire_idle(rows)
         # A lane still live is something left to run (state operations end no request).
         if not len(self.queue) and (some_done or not len(rows)) and not count_nonzero(self.requests.phase != DONE):

@@ -72,10 +72,14 @@ def _rank_decoders(pool: LanePool, shape) -> _Decoders:
 def _best_prompt(pool: LanePool, chunk: int, budget: Budget):
     """(index, work, value) of the best prompt row that fits the free slots and pages, or None."""
     works = np.minimum(pool.prompt_left, chunk)
+    if pool.clip is not None:  # image requests: legal chunk ends only (vision.py)
+        works = pool.clip(np.arange(len(works)), works)
     finishes = works == pool.prompt_left
     # Prompt tokens at 1 + f/x, plus one output token when the prompt completes.
     values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
     for idx in ranked_lanes(values, pool.lru, pool.slots).tolist():
+        if works[idx] == 0:
+            continue
         if pool.resident[idx] or (budget.free_slots > 0 and int(pool.pages[idx]) <= budget.free_pages):
             return idx, int(works[idx]), float(values[idx])
     return None

@@ -34,6 +34,32 @@ class SelectionReason(Enum):
 
 
 @dataclass(frozen=True, slots=True)
+class ImageSpan:
+    """One image in a prompt: `tokens` prompt positions from `offset` that the vision graph's
+    `features` feature rows fill (the features default to one per token). The span is atomic: no
+    prefill chunk ends inside it."""
+
+    offset: int
+    tokens: int
+    features: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("offset", "tokens"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < (0 if name == "offset" else 1):
+                raise InvalidRequest(f"image {name} must be a {'nonnegative' if name == 'offset' else 'positive'} "
+                                     f"integer, got {v!r}")
+        if self.features is None:
+            object.__setattr__(self, "features", self.tokens)
+        elif isinstance(self.features, bool) or not isinstance(self.features, int) or self.features < 1:
+            raise InvalidRequest(f"image features must be a positive integer, got {self.features!r}")
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.tokens
+
+
+@dataclass(frozen=True, slots=True)
 class RequestSpec:
     """What the scheduler needs to know about a request: lengths, limits, endpoints.
 
@@ -50,6 +76,7 @@ class RequestSpec:
     host_feedback: bool = False
     score_prompt: bool = False  # needs prompt log-probabilities: scored-prefill graphs only
     request_id: str | None = None
+    images: tuple[ImageSpan, ...] = ()  # sorted, non-overlapping, inside the prompt (vision.py)
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 1:
@@ -60,6 +87,23 @@ class RequestSpec:
             raise InvalidRequest("cached_tokens must be in [0, prompt_tokens)")
         if any(not 0 < e < self.prompt_tokens for e in self.endpoints) or list(self.endpoints) != sorted(set(self.endpoints)):
             raise InvalidRequest("endpoints must be strictly increasing offsets inside the prompt")
+        if self.images:
+            _check_images(self.images, self.prompt_tokens, self.cached_tokens)
+
+
+def _check_images(images, prompt_tokens: int, cached_tokens: int) -> None:
+    if not isinstance(images, tuple) or not all(isinstance(i, ImageSpan) for i in images):
+        raise InvalidRequest("images must be a tuple of ImageSpan")
+    end = 0
+    for i, image in enumerate(images):
+        if image.offset < end:
+            raise InvalidRequest(f"image {i} at offset {image.offset} overlaps or precedes the previous image "
+                                 f"(ending at {end}): images must be sorted and non-overlapping")
+        if image.end > prompt_tokens:
+            raise InvalidRequest(f"image {i} ends at {image.end}, past the {prompt_tokens}-token prompt")
+        if image.offset < cached_tokens < image.end:
+            raise InvalidRequest(f"image {i} straddles the cached prefix end {cached_tokens}")
+        end = image.end
 
 
 NO_SLOT = 1 << 30  # slot value of a request without a state slot; sorts after every slot
@@ -180,6 +224,9 @@ class ScheduledPlan:
     # The planner's own record of the lanes' table rows: (table, stamp, lanes, rows). Commit trusts
     # it while the stamp says no call has changed the table since planning (Scheduler.commit).
     resolved: tuple | None = field(default=None, compare=False, repr=False)
+    # A vision window's snapshot or restore (vision.py): a private row that publishes no
+    # prefix-cache entry and needs no host caching.
+    private_state: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lanes, PlanLanes):
@@ -190,7 +237,7 @@ class ScheduledPlan:
     def __reduce__(self):
         # A plan travels (pickled to tensor-parallel ranks, copied) without the planner's resolved
         # rows: they name the scheduler's own table, and commit checks a plan without them in full.
-        return ScheduledPlan, tuple(getattr(self, f.name) for f in fields(self) if f.name != "resolved")
+        return _rebuild_plan, ({f.name: getattr(self, f.name) for f in fields(self) if f.name != "resolved"},)
 
     def selection_value_rate(self) -> float:
         return self.score
@@ -314,3 +361,7 @@ class PlanTrace:
     refresh_credit_ns: float | None = None
     learning_credit_ns: float | None = None
 
+
+def _rebuild_plan(fields_by_name: dict) -> ScheduledPlan:
+    """Unpickling and copying: by name, so the field order cannot misplace a value."""
+    return ScheduledPlan(**fields_by_name)

@@ -68,6 +68,9 @@ class LanePool:
     steps: tuple | None = None
     tau_ms: float = 1.0
     stall_bound_ms: float | None = None  # prefill only: the off-by-default duration bound
+    # Prefill only, with image requests (vision.py): clip(idx, works) cuts each lane's work to its
+    # largest legal chunk end (no split image, no unpopulated window). None: every end is legal.
+    clip: object = None
 
 
 @dataclass(slots=True)
@@ -269,10 +272,14 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
     out = []
     for chunk in sorted(by_chunk):
         works = np.minimum(pool.prompt_left, chunk)
+        if pool.clip is not None:
+            works = pool.clip(np.arange(n), works)
         finishes = works == pool.prompt_left
         # Prompt tokens at 1 + f/x, plus at most one output token when the prompt completes.
         values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
         order = ranked_lanes(values, pool.lru, pool.slots)
+        if pool.clip is not None:
+            order = order[works[order] > 0]  # a lane that cannot legally stop within this chunk
         feasible = _feasible_prefix(order, pool, min(max_batch, n), budget)
         sums = prefix_sums(values[feasible])
         for shape in sorted(by_chunk[chunk], key=lambda s: s.batch_capacity):
@@ -310,6 +317,8 @@ def _packed(pool: LanePool, members: np.ndarray, works: np.ndarray, shape: Graph
             break
         # Largest growth that keeps both sums within full occupancy: (w + e)^2 - w^2 <= spare_sq.
         e = min(total - w, spare, math.isqrt(w * w + spare_sq) - w)
+        if e > 0 and pool.clip is not None:
+            e = int(pool.clip(members[i:i + 1], np.array([w + e]))[0]) - w
         if e > 0:
             rows[i] = w + e
             spare -= e
