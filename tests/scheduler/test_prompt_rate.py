@@ -68,32 +68,41 @@ def _progress(s, plan, handle):
     return sum(int(lane.prompt_tokens) / length + int(lane.output_rows) for lane in plan.lanes if lane.handle == handle)
 
 
-def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
-    slow = {**TABLE, prefill(64): 40.0, prefill(256): 100.0}  # decoding wins some frames first
-    s = make(slow, policy=MEAN)
+def _prompt_behind_two_streams(policy, prefill_ms):
+    """Two streams decoding, then a 600-token prompt admitted; the prefill graphs take `prefill_ms`
+    (64- and 256-token chunks) so that decoding wins some frames first."""
+    slow = {**TABLE, prefill(64): prefill_ms[0], prefill(256): prefill_ms[1]}
+    s = make(slow, policy=policy)
     d = Driver(s, FixedCosts(slow))
     for _ in range(2):
         s.admit(spec(prompt=64, out=400), 0)
     d.run(4)
-    h = s.admit(spec(prompt=600, out=8), s.now_ns)
+    return s, d, s.admit(spec(prompt=600, out=8), s.now_ns)
+
+
+def _step(s, d, h):
+    """One frame: the plan, its duration in ms, and `h`'s first-token progress and EWMA service in it."""
+    plan = d.run_one()
+    _, start, end = d.history[-1]
+    return (end - start) / MS, _progress(s, plan, h), _served(s, plan, h)
+
+
+def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
+    s, d, h = _prompt_behind_two_streams(MEAN, (40.0, 100.0))
     mass, elapsed = math.exp(s.request_row(h).log_x) * TAU, TAU
     unserved = served_frames = 0
     while s.request_row(h).phase.value == PREFILL:
-        plan = d.run_one()
-        _, start, end = d.history[-1]
-        service = _progress(s, plan, h)
-        mass, elapsed = mass + service, elapsed + (end - start) / MS
-        unserved += service == 0
-        served_frames += service > 0
+        ms, progress, _ = _step(s, d, h)
+        mass, elapsed = mass + progress, elapsed + ms
+        unserved += progress == 0
+        served_frames += progress > 0
         assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
     assert unserved and served_frames >= 2  # it waited, and took several chunks
     assert s.request_row(h).phase.value == DECODE
     entered = s.request_row(h).log_x
-    plan = d.run_one()
-    _, start, end = d.history[-1]
+    ms, _, served = _step(s, d, h)
     # A decoder again: the one EWMA, from the rate the prompt phase left.
-    expected = float(ewma_log(entered, (end - start) / MS, _served(s, plan, h), TAU))
-    assert s.request_row(h).log_x == pytest.approx(expected, rel=1e-9)
+    assert s.request_row(h).log_x == pytest.approx(float(ewma_log(entered, ms, served, TAU)), rel=1e-9)
 
 
 def test_the_phase_transition_itself_moves_no_price_on_the_mean_law():
@@ -150,34 +159,22 @@ def test_equal_prompt_histories_give_equal_prices_on_the_mean_law():
 
 
 def test_a_mean_until_served_lasts_until_the_first_chunk_then_the_ewma():
-    slow = {**TABLE, prefill(64): 400.0, prefill(256): 900.0}  # decoding wins the first frames
-    s = make(slow, policy=UNTIL)
-    d = Driver(s, FixedCosts(slow))
-    for _ in range(2):
-        s.admit(spec(prompt=64, out=400), 0)
-    d.run(4)
-    h = s.admit(spec(prompt=600, out=8), s.now_ns)
+    s, d, h = _prompt_behind_two_streams(UNTIL, (400.0, 900.0))
     mass, elapsed = math.exp(s.request_row(h).log_x) * TAU, TAU
     waited = 0
     while True:
-        plan = d.run_one()
-        _, start, end = d.history[-1]
-        service, ms = _progress(s, plan, h), (end - start) / MS
-        mass, elapsed = mass + service, elapsed + ms
+        ms, progress, _ = _step(s, d, h)
+        mass, elapsed = mass + progress, elapsed + ms
         assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
-        if service:
+        if progress:
             break
         waited += 1
     assert waited and s.request_row(h).phase.value == PREFILL  # waited, then took a first chunk
     assert s.requests.mean_law_rows == 0
-    while True:  # prompt-phase history from here on: the one EWMA, served or not
+    while s.request_row(h).phase.value == PREFILL:  # history from here on: the one EWMA, served or not
         before = s.request_row(h).log_x
-        plan = d.run_one()
-        _, start, end = d.history[-1]
-        expected = float(ewma_log(before, (end - start) / MS, _served(s, plan, h), TAU))
-        assert s.request_row(h).log_x == pytest.approx(expected, rel=1e-9)
-        if s.request_row(h).phase.value == DECODE:
-            break
+        ms, _, served = _step(s, d, h)
+        assert s.request_row(h).log_x == pytest.approx(float(ewma_log(before, ms, served, TAU)), rel=1e-9)
 
 
 @pytest.mark.parametrize("policy", [MEAN, UNTIL], ids=["prompt_phase", "until_served"])
