@@ -432,7 +432,7 @@ class Scheduler:
             # accounting needs no table-sized scatter (account_interval).
             participants, p_handles, p_epochs = rows, lanes.handle, lanes.epoch
         else:
-            participants = (t.phase != DONE).nonzero()[0]
+            participants = t.live_rows()  # the table's cached live rows, not another scan
             p_handles, p_epochs = t.handle[participants], t.epoch[participants]
         self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                               p_handles, p_epochs, self._normalizers(), None if snapshot else t.turnover))
@@ -483,7 +483,7 @@ class Scheduler:
         if some_done or self.state.enabled or self.vision.requests:  # else every lane is still live: none can retire
             self._retire_idle(rows)
         # A lane still live is something left to run (state operations end no request).
-        if not len(self.queue) and (some_done or not len(rows)) and not count_nonzero(self.requests.phase != DONE):
+        if not len(self.queue) and (some_done or not len(rows)) and not self.requests.live_count():
             self.exploration.idle()  # nothing left to run: idle discards positive credit
         return out
 
