@@ -11,6 +11,10 @@ A RESTORE lane binds a fresh KV slot and copies into it either the request's pri
 or, for a new request, its guarded store match (`tokens` positions); the request's cursor is set
 there, so the following prefill chunk or decode starts at that exact endpoint. Neither graph
 produces tokens.
+
+An anchor SNAPSHOT (`plan.anchor`, a nonterminal cut at a message endpoint or the prompt end)
+copies the first `kv_len` positions to the store as an ANCHOR entry and keeps the slot: the
+request continues prefilling or decoding, and no resume copy is kept.
 """
 
 from __future__ import annotations
@@ -90,6 +94,11 @@ def run_state_plan(core, plan: ScheduledPlan) -> tuple[CompletionRecord, ...]:
             # The scheduler slot of a restored request is bound at the restore's commit: the next
             # lane names it.
             r.slot, r.kv_len, r.scheduler_slot = slot, n, lane.slot
+        elif plan.anchor:
+            # A nonterminal cut: publish the exact prefix, keep the slot; without room the copy is
+            # skipped (the store counts it) and the request simply continues.
+            n = lane.context_tokens
+            store.save(r.context()[:n], cache.k[:, slot, :, :n], cache.v[:, slot, :, :n], CheckpointRole.ANCHOR)
         else:
             n = lane.context_tokens
             tokens = r.context()[:n]  # prompt, then the committed outputs up to the endpoint

@@ -12,6 +12,7 @@ from helios.config import PolicyConfig, PromptRateLaw, SchedulerConfig, Speculat
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.accounting import Publications
+from helios.scheduler.anchors import AnchorCandidate, AnchorCuts
 from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
 from helios.scheduler.cost import CostState, CostTable
@@ -96,6 +97,8 @@ class Scheduler:
         self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
                                      self.config.checkpoint_extra_work_fraction)
         self.vision = VisionWindows(catalog, self.config, self.plans_state_operations)  # image windows
+        self.anchors = AnchorCuts.of(catalog, self.shapes, self.state.enabled,  # extra prefill cuts
+                                     self.config.checkpoint_extra_work_fraction)
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -124,6 +127,7 @@ class Scheduler:
         window = None if self.policy.prompt_rate_law is PromptRateLaw.EWMA else self.policy.adaptation_ms
         self.requests.add(handle, request, self._starting_log_rate(), window)
         self.state.admitted(handle, request)
+        self.anchors.admitted(handle, request, self.costs.estimate_ns)
         if windows:
             self.vision.admitted(handle, request, windows)
         return handle
@@ -166,6 +170,7 @@ class Scheduler:
         t.update_phase([row])
         t.rebind(row)
         self.state.forget(handle)
+        self.anchors.forget(handle)
         self._retire_idle([row])
 
     def _retire_idle(self, rows) -> None:
@@ -225,6 +230,8 @@ class Scheduler:
         start = self.queue.expected_end_ns(self.now_ns)
         pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
         return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
+                + self.anchors.candidates(self.requests, self.state.captures, costs, self.shapes.decode,
+                                          self._coeff(), view.log_scale, view.waiting)
                 + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode,
                                      self._coeff(), view.log_scale, view.waiting, budget, pages,
                                      view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
@@ -248,18 +255,25 @@ class Scheduler:
             live = live[~self.state.not_ready(self.requests, live)]
         if self.vision.requests:  # prompts waiting for a window operation
             live = live[~self.vision.not_ready(self.requests, live)]
-        if not len(live) and not (self.state.captures or self.state.restoring or self.vision.requests):
+        if self.anchors.requests:  # prompts at a cut, or waiting for its anchor snapshot
+            live = live[~self.anchors.not_ready(self.requests, live)]
+        if not len(live) and not (self.state.captures or self.state.restoring or self.vision.requests
+                                  or self.anchors.requests):
             return None
         decode, norm, coeff = self._derived()
         floor = restore_log_scale(self.state, self.requests, coeff)
         if self.vision.requests:
             floor = max(floor, window_log_scale(self.vision, self.requests, coeff))
+        if self.anchors.requests:
+            floor = max(floor, self.anchors.log_scale(self.requests, coeff))
         view = build_view(self.requests, live, self.queue, self.policy, coeff, decode, norm,
                           self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
                           self.config.selection_slots,
                           (self.speculation, self.source) if self.shapes.rounds else None, floor)
         if self.vision.requests:
             self.vision.restrict(view, self.requests)  # legal chunk ends of image requests
+        if self.anchors.requests:
+            self.anchors.restrict(view, self.requests)  # no chunk passes a planned cut
         return view
 
     def _plan_from(self, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
@@ -267,8 +281,8 @@ class Scheduler:
         if winner is None:
             return None
         kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
-        window = type(winner) is WindowCandidate
-        if window:
+        window, anchor = type(winner) is WindowCandidate, type(winner) is AnchorCandidate
+        if window or anchor:
             lanes = winner.lanes_of()
         elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
             lanes = self.state.lanes(self.requests, kind, winner.table_rows[winner.members],
@@ -299,7 +313,7 @@ class Scheduler:
                              feedback, winner.cost_state is CostState.STALE, self.now_ns,
                              self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device,
                              None if rows is None else (self.requests, self._stamp, lanes, rows),
-                             private_state=window and kind is not GraphKind.VISION)
+                             private_state=window and kind is not GraphKind.VISION, anchor=anchor)
 
     def _spec_lanes(self, winner, view: PlanningView):
         pool, t = view.decode, winner.t_ms or 0.0
@@ -493,6 +507,9 @@ class Scheduler:
         productive = [g.handle for g in out if g.tokens]
         self.state.earn(plan.shape.kind, productive, None if sample is None else sample / 1e6)
         snap = [t for sh in self.state.snapshot_shapes if (t := self.costs.estimate_ns(sh)) is not None]
+        if self.anchors.requests:
+            lookup = self._cost_lookup(self.now_ns)
+            self.anchors.completed(self.requests, plan, lambda sh: lookup(sh)[1])
         return self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out,
                                     lambda row: self.resources.release(self.requests, row),
                                     min(snap) / 1e6 if snap else None)

@@ -227,6 +227,9 @@ class ScheduledPlan:
     # A vision window's snapshot or restore (vision.py): a private row that publishes no
     # prefix-cache entry and needs no host caching.
     private_state: bool = False
+    # A nonterminal SNAPSHOT at a conversation anchor (anchors.py): the request keeps its slot and
+    # continues; the copy is published as a prefix-cache anchor entry (or skipped without room).
+    anchor: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.lanes, PlanLanes):
