@@ -185,3 +185,14 @@ def test_no_lost_request_and_no_leak_with_anchor_cuts(ops, seed):
     copied = [(int(h), int(at)) for p in d.history if p.anchor for h, at in zip(p.lanes.handle, p.lanes.context_tokens)]
     assert len(copied) == len(set(copied))
     assert all(len(ends_of[h]) > 1 and at in ends_of[h] for h, at in copied)
+
+
+def test_cut_clip_composes_with_an_inner_clip():
+    from helios.scheduler.anchors import AnchorState, _clipper
+    import numpy as np
+    states = [AnchorState([100, 200]), None, AnchorState([])]
+    inner = lambda idx, works: np.minimum(works, 90)  # noqa: E731  (a vision clip stopping earlier)
+    clip = _clipper(states, [0, 0, 0], None)
+    assert clip(np.arange(3), np.array([150, 150, 150])).tolist() == [100, 150, 150]
+    assert _clipper(states, [100, 0, 0], None)(np.array([0]), np.array([150])).tolist() == [100]  # next cut: 200
+    assert _clipper(states, [0, 0, 0], inner)(np.arange(3), np.array([150, 150, 150])).tolist() == [90, 90, 90]
