@@ -196,3 +196,23 @@ def test_cut_clip_composes_with_an_inner_clip():
     assert clip(np.arange(3), np.array([150, 150, 150])).tolist() == [100, 150, 150]
     assert _clipper(states, [100, 0, 0], None)(np.array([0]), np.array([150])).tolist() == [100]  # next cut: 200
     assert _clipper(states, [0, 0, 0], inner)(np.arange(3), np.array([150, 150, 150])).tolist() == [90, 90, 90]
+
+
+def test_cancel_with_an_anchor_snapshot_in_flight_keeps_then_frees_the_row():
+    from helios.scheduler import ExecutionTiming
+    from tests.scheduler.conftest import records_for
+    s = make(TABLE)
+    h = s.admit(spec(prompt=300, out=3, endpoints=(250,)), 0)
+    fence = 0
+    while not (p := s.plan()).anchor:
+        fence += 1
+        step(s, p, fence)
+    fence += 1
+    s.commit(p, fence)
+    s.cancel(h, s.now_ns)
+    assert h in s.requests.index  # its row, slot and pages stay owned through its fence
+    assert s.resources.free_slots == s.resources.total_slots - 1
+    s.advance_to(s.now_ns + 2 * MS)
+    s.complete(fence, records_for(p), ExecutionTiming((2 * MS,), wall_ns=2 * MS))
+    assert s.plan() is None and h not in s.requests.index and not s.anchors.requests
+    assert s.resources.free_slots == s.resources.total_slots and s.resources.free_pages == s.resources.total_pages
