@@ -520,11 +520,12 @@ class Scheduler:
         if not self.preempts:
             return []
         self.publications.flush()
-        handles = preemption_due(self.requests, self.resources, self.state, self.config.preemption, now_ns,
-                                 self.config.max_context, self.vision.requests.keys())
-        for h in handles:
-            self.preempt(h, now_ns)
-        return handles
+        pairs = preemption_due(self.requests, self.resources, self.state, self.config.preemption, now_ns,
+                               self.config.max_context, self.vision.requests.keys())  # releases started waiters' holds
+        for victim, waiter in pairs:
+            self.preempt(victim, now_ns)
+            self.state.held[victim] = waiter  # its restore waits until the waiter has started
+        return [victim for victim, _ in pairs]
 
     def restores_checkpoints(self) -> bool:
         """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back

@@ -118,6 +118,23 @@ def test_preempted_generations_finish_with_the_tokens_of_an_uninterrupted_run():
     assert_nothing_held(sched)
 
 
+def test_the_freed_slot_goes_to_the_waiter_before_the_victim_restores():
+    sched, d, rec, longs, short = longs_then_short()
+    while not rec.preempted:
+        assert d.step()
+    victim = rec.preempted[0][0]
+    assert sched.state.held == {victim: short}
+    kinds = []
+    while sched.request_row(short).slot is None:
+        assert d.step()
+        kinds.append((d.history[-1].shape.kind, d.history[-1].handles))
+    assert (GraphKind.RESTORE, (victim,)) not in kinds and kinds[-1][0] is GraphKind.PREFILL
+    d.step()
+    assert not sched.state.held  # the waiter started: the victim's restore competes again
+    finish(d, longs + [short])
+    assert_nothing_held(sched)
+
+
 def test_victim_has_the_most_remaining_output():
     sched, d, rec, longs, short = longs_then_short(long_tokens=(120, 300))
     while not rec.preempted:
