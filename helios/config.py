@@ -52,6 +52,56 @@ class PromptRateLaw(Enum):
     PROMPT_PHASE = "prompt_phase"
 
 
+class PreemptionPolicy(Enum):
+    """`--preemption`: whether the scheduler retires resident decoders on its own (preemption.py).
+
+    OFF: only an explicit `Scheduler.preempt` retires one (the baselines and the simulator's presets).
+    PRICE: a ready request that cannot start for want of a slot or pages, and whose fairness price
+    grew `price_ratio` times above a resident decoder's, has that decoder retired through a
+    snapshot; the victim resumes later by restore with the same tokens.
+    """
+
+    OFF = "off"
+    PRICE = "price"
+
+
+@dataclass(frozen=True, slots=True)
+class PreemptionConfig:
+    """The automatic preemption policy's knobs (docs/prefix-reuse.md, "Automatic preemption").
+
+    price_ratio   the waiter's fairness price f/x must be at least this many times the victim's
+                  (>= 1): a newcomer starts at the live requests' mean rate and its price grows by
+                  e^(W/tau) while it waits, so 4 is about tau * ln 4 (69 ms at tau = 50 ms) of waiting
+    quantum_ms    a request is never preempted before it has held its slot this long since it was
+                  (re)admitted to one: every residency makes progress, nothing thrashes
+    max_retiring  preemptions whose snapshot has not completed yet, at most (a burst of arrivals
+                  does not retire the whole batch at once)
+    """
+
+    policy: PreemptionPolicy = PreemptionPolicy.OFF
+    price_ratio: float = 4.0
+    quantum_ms: float = 500.0
+    max_retiring: int = 1
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "policy", PreemptionPolicy(self.policy))  # the Enum or its value
+        except ValueError:
+            names = ", ".join(p.value for p in PreemptionPolicy)
+            raise ConfigError("preemption", f"unknown policy {self.policy!r} (choose {names})") from None
+        for name, low in (("price_ratio", 1.0), ("quantum_ms", 0.0)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+                    or value < low:
+                raise ConfigError(f"preemption_{name}", f"must be a finite number >= {low:g}, got {value!r}")
+        if isinstance(self.max_retiring, bool) or not isinstance(self.max_retiring, int) or self.max_retiring < 1:
+            raise ConfigError("preemption_max_retiring", f"must be a positive integer, got {self.max_retiring!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy is not PreemptionPolicy.OFF
+
+
 class SchedulerPolicy(Enum):
     """The spec's presets for `--scheduler-policy`."""
 
@@ -190,6 +240,9 @@ class SchedulerConfig:
     # How acceptance estimates read their observations; CONDITIONAL departs from the spec's
     # untrained 0.5^d and "unobserved suffixes retain their means" (docs/speculation.md).
     acceptance_estimate: AcceptanceEstimate = AcceptanceEstimate.CONDITIONAL
+    # Automatic preemption (off unless asked for; `flare run` turns it on where the catalog has
+    # snapshot and restore graphs). Without them, or with a baseline, it never acts.
+    preemption: PreemptionConfig = PreemptionConfig()
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculation, SpeculationMode):
@@ -206,9 +259,11 @@ class SchedulerConfig:
         for name in ("copy_proposals", "funded_exploration"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, "must be a bool")
+        if not isinstance(self.preemption, PreemptionConfig):
+            raise ConfigError("preemption", f"must be a PreemptionConfig, got {self.preemption!r}")
         for f in fields(self):
             if f.name in ("speculation", "copy_proposals", "funded_exploration", "checkpoint_extra_work_fraction",
-                          "acceptance_estimate"):
+                          "acceptance_estimate", "preemption"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -69,6 +69,9 @@ class StepLoop:
         self._last_ns = 0
         self._attached: set[RequestHandle] = set()
         self._ended: set[RequestHandle] = set()  # attached, ended on the host, maybe still live
+        # The automatic preemption policy runs before every plan, at the plan's instant (a
+        # scheduler without it, e.g. a baseline or a catalog with no snapshot graphs, skips it).
+        self._preempt_due = scheduler.preempt_due if scheduler.preempts else None
 
     def now(self) -> int:
         """Advance the scheduler to the host's clock (never backwards) and return that time."""
@@ -90,7 +93,9 @@ class StepLoop:
         in fence order; returns how many were dispatched."""
         n = 0
         while limit is None or n < limit:
-            self.now()
+            now = self.now()
+            if self._preempt_due is not None:
+                self._preempt_due(now)
             plan = self.scheduler.plan()
             if plan is None:
                 break

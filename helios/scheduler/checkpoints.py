@@ -69,6 +69,9 @@ class StateOperations:
         self.enabled = planned and bool(self.snapshot_shapes and self.restore_shapes)
         self.restoring: dict[RequestHandle, int] = {}  # handle -> checkpoint tokens, until restored
         self.captures: dict[RequestHandle, Capture] = {}
+        # Automatic preemption (preemption.py): victim -> the waiter it yielded its slot to, until
+        # that waiter has started or ended; meanwhile no preempted decoder restores.
+        self.held: dict[RequestHandle, RequestHandle] = {}
         self.extra_fraction = extra_fraction
         self.earned_ms: dict[RequestHandle, float] = {}  # decode-funded capture allowance
 
@@ -104,6 +107,7 @@ class StateOperations:
         """A cancelled request no longer waits for a restore (its fenced resources stay owned)."""
         self.restoring.pop(handle, None)
         self.earned_ms.pop(handle, None)
+        self.held.pop(handle, None)
 
     def earn(self, kind: GraphKind, handles, measured_ms: float | None) -> None:
         """Productive decode earns the extra-work fraction of its measured interval."""

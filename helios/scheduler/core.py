@@ -29,6 +29,7 @@ from helios.scheduler.prerequisites import (
 )
 from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
+from helios.scheduler.preemption import due as preemption_due
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.rounds import speculative_candidates
@@ -429,6 +430,7 @@ class Scheduler:
             self.vision.committed(plan)
         if newcomers is not None:
             self.resources.acquire(t, newcomers)
+            t.resident_ns[newcomers] = now  # the preemption quantum starts here
         isolated = not len(self.queue)
         start = self.queue.expected_end_ns(now)
         end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
@@ -522,6 +524,30 @@ class Scheduler:
         self.publications.flush()
         self.state.preempt(self.requests, handle, now_ns)
         self._stamp += 1
+
+    @property
+    def preempts(self) -> bool:
+        """Whether the automatic preemption policy can act (its config and snapshot/restore graphs)."""
+        return self.config.preemption.enabled and self.state.enabled
+
+    def preempt_due(self, now_ns: int) -> list[RequestHandle]:
+        """Preempt what the automatic policy (preemption.py) names at `now_ns`; returns the handles.
+        The step loop calls it before planning."""
+        self.advance_to(now_ns)
+        if not self.preempts:
+            return []
+        self.publications.flush()
+        pairs = preemption_due(self.requests, self.resources, self.state, self.config.preemption, now_ns,
+                               self.config.max_context, self._preemption_excluded())  # releases started waiters' holds
+        for victim, waiter in pairs:
+            self.preempt(victim, now_ns)
+            self.state.held[victim] = waiter  # its restore waits until the waiter has started
+        return [victim for victim, _ in pairs]
+
+    def _preemption_excluded(self) -> set[RequestHandle]:
+        # Image requests with window operations, and requests whose anchor snapshot is due (their
+        # state copy is in progress), are neither preempted nor served by the policy.
+        return set(self.vision.requests) | {h for h, a in self.anchors.requests.items() if a.due is not None}
 
     def restores_checkpoints(self) -> bool:
         """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back

@@ -120,7 +120,10 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     continues in a prefill chunk, a preempted decoder in a decode batch. `ready_pool` and
     `ready_decoders` are the prefill and decode lanes already ready to share that graph.
     Otherwise lanes rank by the continuation index."""
-    handles = [h for h in ops.restoring if t.slot[t.index[h]] == NO_SLOT and t.inflight[t.index[h]] == 0]
+    # While automatic preemption holds a freed slot for a waiter (ops.held), preempted decoders
+    # (no prompt left) do not restore: the slot would go straight back to one of them.
+    handles = [h for h in ops.restoring if t.slot[r := t.index[h]] == NO_SLOT and t.inflight[r] == 0
+               and not (ops.held and t.prompt_done[r] >= t.prompt_tokens[r])]
     if not handles or not ops.restore_shapes or budget.free_slots < 1:
         return []
     rows = np.array([t.index[h] for h in handles], dtype=np.int64)

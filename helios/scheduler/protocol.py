@@ -70,6 +70,12 @@ class SchedulerProtocol(Protocol):
     def seed_acceptance(self, survival) -> None:
         """Preseed the population acceptance prior (prefix survival by depth): the spec's
         preseeded acceptance history, e.g. one calibrated on earlier traffic."""
+    @property
+    def preempts(self) -> bool:
+        """True when the automatic preemption policy can act (configured, and the scheduler
+        plans snapshot and restore graphs); the step loop then calls `preempt_due` before planning."""
+    def preempt_due(self, now_ns: int) -> list[RequestHandle]:
+        """Preempt the resident decoders the automatic policy names at `now_ns`; their handles."""
     def restores_checkpoints(self) -> bool:
         """True when admission may carry `cached_tokens` that the scheduler restores through a
         RESTORE graph before prefilling the rest (and terminal captures feed the store)."""

@@ -32,7 +32,8 @@ PREFILL, DECODE, DONE = (int(p) for p in Phase)
 
 _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "prompt_done", "output_done",
                 "queued_prompt", "queued_output", "slot", "pages", "inflight", "last_served_seq",
-                "last_publication_ns", "pending_fence")
+                "last_publication_ns", "pending_fence", "resident_ns")
+# resident_ns: when the request last got its slot (first commit or restore), for the preemption quantum.
 # rate_window_ms: the averaging window of a prompt-phase mean rate (service.mean_rate_log); NaN on the EWMA.
 _FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms")
 _BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",

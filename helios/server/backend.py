@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from helios.baselines import SCHEDULERS, make_scheduler
-from helios.config import SpeculationMode, preset
+from helios.config import PreemptionConfig, SpeculationMode, preset
 from helios.engine.echo_core import EchoSimCore
 from helios.errors import ConfigError
 from helios.graphs import GraphKind
@@ -50,6 +50,12 @@ class EngineOptions:
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
     # torch engine: host memory for conversation checkpoints (SNAPSHOT/RESTORE graphs); 0 disables.
     checkpoint_memory_mib: int = 2048
+    # Automatic preemption (helios.scheduler.preemption) with the Helios scheduler: "price" or
+    # "off". It acts only where the catalog has snapshot and restore graphs (the torch engine
+    # with a checkpoint store); None knobs keep PreemptionConfig's defaults.
+    preemption: str = "price"
+    preemption_quantum_ms: float | None = None
+    preemption_price_ratio: float | None = None
 
 
 @dataclass(slots=True)
@@ -118,11 +124,21 @@ def build_backend(options: EngineOptions) -> Backend:
         core, model_id = _torch_core(options, speculation, chunks)
     else:
         raise ConfigError("engine", f"choose torch or sim, got {options.engine!r}")
-    scheduler = _scheduler(options, core.catalog, policy, core.scheduler_config())
+    scheduler = _scheduler(options, core.catalog, policy, _with_preemption(options, core.scheduler_config()))
     # Steady-state timings of every prepared graph seed the cost table (helios.server.warmup).
     report = warm_up(scheduler, core) if options.warmup and options.engine == "torch" else None
     return Backend(scheduler, core, core.tokenizer, model_id, core.max_context, options.slots,
                    core.tokenizer.vocab_size, options, report)
+
+
+def _with_preemption(options, config):
+    """The core's scheduler config with `--preemption` and its knobs (ConfigError names the bad
+    one). Baselines never preempt, so only the Helios scheduler gets the policy."""
+    knobs = {"quantum_ms": options.preemption_quantum_ms, "price_ratio": options.preemption_price_ratio}
+    preemption = PreemptionConfig(options.preemption, **{k: v for k, v in knobs.items() if v is not None})
+    if options.scheduler != "helios":
+        return config
+    return dataclasses.replace(config, preemption=preemption)
 
 
 def _scheduler(options, catalog, policy, config):

@@ -21,7 +21,8 @@ _FLAGS = {
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
-    "weights": "--weights", "tensor_parallel": "--tensor-parallel",
+    "weights": "--weights", "tensor_parallel": "--tensor-parallel", "preemption": "--preemption",
+    "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
 }
 
 
@@ -42,6 +43,7 @@ nonnegative_int = _number(int, lambda v: v >= 0, "a nonnegative integer")
 port_number = _number(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
 nonnegative_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite nonnegative number")
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number greater than zero")
+_ratio = _number(float, lambda v: math.isfinite(v) and v >= 1, "a finite number of at least 1")
 
 
 def add_arguments(run: argparse.ArgumentParser) -> None:
@@ -95,6 +97,17 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="time constant of the scheduler's service rates (default: the policy's, 100 ms); "
                         "on a CPU where one decode graph takes longer than it, larger values let "
                         "ready streams share bigger decode batches (docs/server.md)")
+    g.add_argument("--preemption", choices=("price", "off"), default="price",
+                   help="price (default): when every slot (or the page pool) is held by running generations, a "
+                        "waiting request whose fairness price grew --preemption-price-ratio times above a "
+                        "generation's, and that asks for fewer tokens than it still has to produce, has that "
+                        "generation paused (snapshot) and resumed later (restore) with the same tokens; needs "
+                        "the checkpoint store (--checkpoint-memory > 0) and --scheduler helios; off: never")
+    g.add_argument("--preemption-quantum-ms", type=nonnegative_float, metavar="MS",
+                   help="a request holds its slot at least this long before it may be paused (default 500)")
+    g.add_argument("--preemption-price-ratio", type=_ratio, metavar="R",
+                   help="how many times a waiting request's fairness price must exceed a running one's before "
+                        "it may pause it (>= 1, default 4: about adaptation-ms x ln 4 of waiting)")
     g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
                    help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
     g = run.add_argument_group("HTTP")
@@ -129,7 +142,8 @@ def run(args: argparse.Namespace) -> int:
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
             tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
-            checkpoint_memory_mib=args.checkpoint_memory)
+            checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
+            preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
         backend = build_backend(options)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)

@@ -170,3 +170,35 @@ def test_message_endpoints_are_exact_token_boundaries(loaded):  # noqa: F811
     for i, e in enumerate(ends):  # each endpoint is the token count of the conversation up to message i
         head = tok.encode(tok.apply_chat_template(messages[: i + 1], add_generation_prompt=False))
         assert ids[:e] == head
+
+
+def test_automatic_preemption_gives_the_tokens_of_an_uninterrupted_run(loaded):  # noqa: F811
+    """Two long generations hold both slots; a short request arrives. With the automatic policy
+    (helios/scheduler/preemption.py) a long one is paused for it and restored later, and every
+    request's tokens equal those of a run without preemption."""
+    import dataclasses
+
+    from helios.config import PreemptionConfig, PreemptionPolicy
+
+    tok = loaded.tokenizer
+    asks = ("Count from one to twenty.", "List the days of the week.", "Name a color.")
+    prompts = [prompt_of(tok, [{"role": "user", "content": q}])[0] for q in asks]
+    runs = []
+    for policy in (PreemptionPolicy.OFF, PreemptionPolicy.PRICE):
+        core = TorchCore(loaded=loaded, request_slots=2, max_context=384, prefill_chunks=(64,), max_batch=2,
+                         checkpoint_memory=64 * MIB)
+        config = dataclasses.replace(core.scheduler_config(), preemption=PreemptionConfig(
+            policy, price_ratio=1.0, quantum_ms=0.0))
+        driver = SyncDriver(Scheduler(core.catalog, config=config), core)
+        longs = [driver.submit(p, 16, ignore_eos=True, temperature=0.0) for p in prompts[:2]]
+        while any(driver.scheduler.request_row(h).output_done < 2 for h in longs):
+            driver.step()
+        short = driver.submit(prompts[2], 3, ignore_eos=True, temperature=0.0)
+        driver.run()
+        restored = {h for p in driver.history if p.shape.kind is GraphKind.RESTORE for h in p.handles}
+        assert bool(restored & set(longs)) == (policy is PreemptionPolicy.PRICE)
+        if restored:  # the short request finished before the long one it paused
+            assert all(driver.requests[short].finished_ns < driver.requests[h].finished_ns for h in restored)
+        runs.append([driver.requests[h].tokens for h in longs + [short]])
+        assert not core.requests and not core.resumable and sorted(core._free_slots) == [0, 1]
+    assert runs[0] == runs[1] and [len(t) for t in runs[0]] == [16, 16, 3]

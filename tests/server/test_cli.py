@@ -34,6 +34,9 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--port", "70000"], "--port"),
     (["--model", "/nonexistent/model.gguf"], "--model"),
     (["--device", "toaster"], "--device"),
+    (["--preemption", "sometimes"], "--preemption"),
+    (["--preemption-quantum-ms", "-1"], "--preemption-quantum-ms"),
+    (["--preemption-price-ratio", "0.5"], "--preemption-price-ratio"),
 ])
 def test_invalid_flags_exit_2_with_one_line(capsys, argv, flag):
     try:
@@ -54,6 +57,23 @@ def test_adaptation_constant_reaches_the_scheduler():
     assert build_backend(EngineOptions(engine="sim", adaptation_ms=750.0)).scheduler.policy.adaptation_ms == 750.0
     assert build_backend(EngineOptions(engine="sim")).scheduler.policy.adaptation_ms == BALANCED_ADAPTATION_MS
     assert build_parser().parse_args(["run", "--scheduler-adaptation-ms", "250"]).scheduler_adaptation_ms == 250.0
+
+
+def test_preemption_flags_reach_the_helios_scheduler_only():
+    """--preemption is on by default with the Helios scheduler (it acts where the catalog has
+    snapshot and restore graphs: not the sim engine's); baselines never get it."""
+    from helios.config import PreemptionPolicy
+    from helios.server import EngineOptions, build_backend
+
+    args = build_parser().parse_args(["run", "--preemption-quantum-ms", "250", "--preemption-price-ratio", "2"])
+    assert (args.preemption, args.preemption_quantum_ms, args.preemption_price_ratio) == ("price", 250.0, 2.0)
+    sched = build_backend(EngineOptions(engine="sim", preemption_quantum_ms=250.0)).scheduler
+    assert sched.config.preemption.policy is PreemptionPolicy.PRICE and sched.config.preemption.quantum_ms == 250.0
+    assert not sched.preempts  # no snapshot or restore graphs in the sim engine's catalog
+    off = build_backend(EngineOptions(engine="sim", preemption="off")).scheduler.config.preemption
+    assert off.policy is PreemptionPolicy.OFF
+    baseline = build_backend(EngineOptions(engine="sim", scheduler="sarathi")).scheduler.config.preemption
+    assert baseline.policy is PreemptionPolicy.OFF
 
 
 def test_defaults():
