@@ -48,13 +48,14 @@ class Recorder:
         sched.preempt_due, sched.commit = preempt_due, record_commit
 
 
-def echo_driver(preemption=ON, slots=2, table=TABLE, kv_pages=4096, scheduler=None):
+def echo_driver(preemption=ON, slots=2, table=TABLE, kv_pages=4096, scheduler=None, fraction=0.05):
     """EchoSimCore over `table` (tokens echo each prompt, so they do not depend on the schedule),
     a scheduler with `preemption`, and a driver on a clock that moves 1 ms per reading."""
     catalog = Catalog(table)
     core = EchoSimCore(Capacities(slots, (64,)), request_slots=slots, max_context=8192, pace=0.0)
     core.catalog, core.cost_model = catalog, FixedCosts(table)
-    config = SchedulerConfig(request_slots=slots, kv_pages=kv_pages, preemption=preemption)
+    config = SchedulerConfig(request_slots=slots, kv_pages=kv_pages, preemption=preemption,
+                             checkpoint_extra_work_fraction=fraction)
     if scheduler is None:
         sched = Scheduler(catalog, PolicyConfig(), config)
     else:
@@ -115,6 +116,24 @@ def test_preempted_generations_finish_with_the_tokens_of_an_uninterrupted_run():
     assert all(f in NORMAL for _, f in got.values())
     restored = [h for p in d.history if p.shape.kind is GraphKind.RESTORE for h in p.handles]
     assert sorted(restored) == sorted(h for h, *_ in rec.preempted)  # each preemption came back once
+    assert_nothing_held(sched)
+
+
+def test_preemption_with_anchor_cuts_and_terminal_captures_keeps_every_token():
+    # Conversations: endpoints, and a fraction that funds anchor cuts on these short prompts.
+    def run(preemption):
+        sched, d, rec = echo_driver(preemption, fraction=0.9)
+        longs = [d.submit(prompt(i), 200, (20, 40), output_len=200) for i in range(2)]
+        for _ in range(30):
+            d.step()
+        short = d.submit(prompt(9, 30), 16, (10,), output_len=16)
+        return sched, d, rec, finish(d, longs + [short])
+
+    sched, d, rec, got = run(ON)
+    _, off, _, want = run(PreemptionConfig())
+    anchors = [p for p in d.history if p.shape.kind is GraphKind.SNAPSHOT and p.anchor]
+    assert rec.preempted and anchors  # both mechanisms acted in the same run
+    assert list(got.values()) == list(want.values())
     assert_nothing_held(sched)
 
 
@@ -241,15 +260,18 @@ def test_preemption_config_is_validated():
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["admit", "admit", "cancel", "step", "step", "step"]),
                           st.integers(0, 7), st.integers(1, 60)), min_size=1, max_size=60),
-       st.sampled_from([1.0, 4.0]), st.sampled_from([0.0, 5.0, 20.0]), st.sampled_from([1, 2]))
-def test_no_lost_request_leak_or_starvation_with_preemption(ops, ratio, quantum, retiring):
+       st.sampled_from([1.0, 4.0]), st.sampled_from([0.0, 5.0, 20.0]), st.sampled_from([1, 2]), st.booleans())
+def test_no_lost_request_leak_or_starvation_with_preemption(ops, ratio, quantum, retiring, conversations):
+    # `conversations`: prompts carry message endpoints and a large extra-work fraction funds
+    # anchor cuts, so preemption meets anchor copies and terminal captures too.
     config = PreemptionConfig(PreemptionPolicy.PRICE, price_ratio=ratio, quantum_ms=quantum, max_retiring=retiring)
-    sched, d, rec = echo_driver(config, slots=2)
+    sched, d, rec = echo_driver(config, slots=2, fraction=0.9 if conversations else 0.05)
     handles, want = [], {}
     for op, pick, n in ops:
         if op == "admit":
             out = 1 + n % 40
-            handles.append(d.submit(prompt(n, 10 + n), out, output_len=out))
+            ends = (4, 8 + n // 2) if conversations else ()
+            handles.append(d.submit(prompt(n, 10 + n), out, ends, output_len=out))
             want[handles[-1]] = out
         elif op == "cancel" and handles:
             h = handles[pick % len(handles)]
