@@ -139,12 +139,12 @@ class AnchorCuts:
     # ---- readiness and the prefill clip -----------------------------------------------------
     def not_ready(self, t: RequestTable, rows: np.ndarray) -> np.ndarray:
         """Mask over `rows`: a due cut, or a prompt whose queued cursor sits at its next cut."""
-        mask = np.zeros(len(rows), dtype=bool)
-        for i, (h, r) in enumerate(zip(t.handle[rows].tolist(), rows.tolist())):
-            a = self.requests.get(h)
-            if a is not None:
-                mask[i] = a.due is not None or (
-                    bool(a.cuts) and t.phase[r] == PREFILL and int(t.prompt_done[r] + t.queued_prompt[r]) == a.cuts[0])
+        handles = t.handle[rows]
+        mask = np.isin(handles, np.fromiter(self.requests, dtype=np.int64, count=len(self.requests)))
+        for i in mask.nonzero()[0].tolist():  # only the rows with planned or due cuts
+            a, r = self.requests[int(handles[i])], int(rows[i])
+            mask[i] = a.due is not None or (
+                bool(a.cuts) and t.phase[r] == PREFILL and int(t.prompt_done[r] + t.queued_prompt[r]) == a.cuts[0])
         return mask
 
     def restrict(self, view, t: RequestTable) -> None:
