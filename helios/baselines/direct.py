@@ -35,6 +35,7 @@ from helios.scheduler.cost import CostState
 from helios.scheduler.plan import ScheduledPlan
 from helios.scheduler.policy import best, decode_candidates
 from helios.scheduler.requests import DECODE
+from helios.scheduler.selection import cost_lookup, current_view, plan_from
 
 TTL_NS = 30_000_000_000
 KEEP = 7 / 8  # new = KEEP * old + (1 - KEEP) * sample
@@ -136,11 +137,11 @@ class DirectScheduler(BaselineScheduler):
 
     def _decode_round(self, now: int) -> ScheduledPlan | None:
         """Helios's decode selection (policy.decode_candidates over the planning view)."""
-        view = self._view()
+        view = current_view(self)
         if view is None:
             return None
-        winner = best(decode_candidates(self.shapes.decode, self._cost_lookup(now), view.decode, view.waiting))
-        return self._plan_from(winner, view)
+        winner = best(decode_candidates(self.shapes.decode, cost_lookup(self.costs, now), view.decode, view.waiting))
+        return plan_from(self, winner, view)
 
     def _on_commit(self, plan: ScheduledPlan) -> dict:
         self._last_decode = plan.shape.kind is GraphKind.DECODE

@@ -4,43 +4,34 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import replace
 
 import numpy as np
 
 from helios.config import PolicyConfig, PromptRateLaw, SchedulerConfig, SpeculationMode
-from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest, HeliosError
+from helios.errors import InvalidRequest, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
+import helios.scheduler.execution as execution
+import helios.scheduler.selection as selection
 from helios.scheduler.accounting import Publications
-from helios.scheduler.anchors import AnchorCandidate, AnchorCuts
+from helios.scheduler.anchors import AnchorCuts
 from helios.scheduler.checkpoints import StateOperations
-from helios.scheduler.completion import ExecutionStats, apply_completion, validate_completion
-from helios.scheduler.cost import CostState, CostTable
+from helios.scheduler.completion import ExecutionStats
+from helios.scheduler.cost import CostTable
 from helios.scheduler.exploration import Exploration
-from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
-from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.plan import (
-    NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken,
-    RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
-)
-from helios.scheduler.planning import PlanningView, build_view
-from helios.scheduler.prerequisites import (
-    restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
+    NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestHandle, RequestSpec, ScheduledPlan,
 )
 from helios.scheduler.protocol import SchedulerSnapshot
-from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
 from helios.scheduler.preemption import due as preemption_due
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
 from helios.scheduler.resources import ResourcePool
-from helios.scheduler.rounds import speculative_candidates
-from helios.scheduler.service import PHYSICAL, Normalizers, PriceCoefficients, reference_normalizers
+from helios.scheduler.service import Normalizers, PriceCoefficients
 from helios.scheduler.shapes import ShapeSets
-from helios.scheduler.speculation import ProposalSource, SpeculationModel, expected_output
+from helios.scheduler.speculation import ProposalSource, SpeculationModel
 from helios.scheduler.tracelog import TraceLog
-from helios.scheduler.utility import DecodeReference, count_nonzero
+from helios.scheduler.utility import DecodeReference
 from helios.scheduler.vision import VisionWindows
-from helios.scheduler.vision_candidates import WindowCandidate, window_candidates, window_log_scale
-from helios.scheduler.queue import ExecutionQueue, Frame
+from helios.scheduler.queue import ExecutionQueue
 
 RETIRED_MEMORY = 4096
 
@@ -195,326 +186,49 @@ class Scheduler:
         self.publications.flush()
         return self.requests[handle]
 
-    # ---- planning ----------------------------------------------------------------------
+    # ---- planning (selection.py) -------------------------------------------------------
     def plan(self) -> ScheduledPlan | None:
-        view = self._view()
-        if view is None:
-            return None
-        costs = self._cost_lookup(self.now_ns)
-        if self.state.captures:
-            view.waiting += terminal_waiting(self.state, view.log_scale)
-        candidates = self._state_candidates(view, costs)
-        if self.vision.requests:  # vision graphs and window snapshots/restores (vision_candidates.py)
-            candidates += self._window_candidates(view, costs)
-        candidates += decode_candidates(self.shapes.decode, costs, view.decode, view.waiting)
-        # Device allocation needs the program's causal confidence; copy proposals have none,
-        # so adaptive copy speculation chooses widths with host allocation.
-        device = self.config.speculation is SpeculationMode.ADAPTIVE and not self.config.copy_proposals
-        if self.shapes.speculative:
-            candidates += speculative_candidates(self.shapes.speculative, costs, view.decode, view.waiting, device)
-        budget = Budget(self.resources.free_slots, self.resources.free_pages) if view.prefill or self.shapes.mixed else None
-        for kind, (pool, _) in view.prefill.items():
-            candidates += prefill_candidates(self.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
-        if self.shapes.mixed:
-            prompts = view.prefill.get(GraphKind.PREFILL)
-            candidates += mixed_candidates(self.shapes.mixed, costs, view.decode,
-                                           None if prompts is None else prompts[0], view.waiting, budget)
-        # Funded exploration may displace the ordinary winner.
-        chosen, reason = self.exploration.choose(self, candidates, best(candidates), view, costs, device)
-        return self._plan_from(chosen, view, reason)
+        return selection.plan(self)  # the view, every family's candidates, the winner
 
-    def _state_candidates(self, view: PlanningView, costs) -> list:
-        """Terminal snapshots and prerequisite restores (prerequisites.py)."""
-        if not self.state.enabled:
-            return []
-        budget = Budget(self.resources.free_slots, self.resources.free_pages)
-        start = self.queue.expected_end_ns(self.now_ns)
-        pages = lambda rows: self.resources.extent_pages_of(self.requests, rows)  # noqa: E731
-        return (snapshot_candidates(self.state, self.requests, costs, view.log_scale, view.waiting, start)
-                + self.anchors.candidates(self.requests, self.state.captures, costs, self.shapes.decode,
-                                          self._coeff(), view.log_scale, view.waiting)
-                + restore_candidates(self.state, self.requests, costs, self.shapes.prefill, self.shapes.decode,
-                                     self._coeff(), view.log_scale, view.waiting, budget, pages,
-                                     view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
-
-    def _window_candidates(self, view: PlanningView, costs) -> list:
-        t = self.requests
-        shapes_of = lambda row: self.shapes.prefill_of(  # noqa: E731
-            GraphKind.SCORED_PREFILL if t.score_prompt[row] else GraphKind.PREFILL)
-        return window_candidates(self.vision, t, self.state.restoring, costs, shapes_of, self._coeff(),
-                                 view.log_scale, view.waiting,
-                                 Budget(self.resources.free_slots, self.resources.free_pages),
-                                 lambda rows: self.resources.extent_pages_of(t, rows), view.prefill)
-
-    def _view(self) -> PlanningView | None:
-        """Live requests projected to the queue's expected end, or None when nothing can queue."""
-        if not self.queue.accepts_more(self.now_ns):
-            return None
-        self.publications.flush()
-        live = self.requests.live_rows()
-        if self.state.restoring or self.state.captures:  # restores not completed, preemptions
-            live = live[~self.state.not_ready(self.requests, live)]
-        if self.vision.requests:  # prompts waiting for a window operation
-            live = live[~self.vision.not_ready(self.requests, live)]
-        if self.anchors.requests:  # prompts at a cut, or waiting for its anchor snapshot
-            live = live[~self.anchors.not_ready(self.requests, live)]
-        if not len(live) and not (self.state.captures or self.state.restoring or self.vision.requests
-                                  or self.anchors.requests):
-            return None
-        decode, norm, coeff = self._derived()
-        floor = restore_log_scale(self.state, self.requests, coeff)
-        if self.vision.requests:
-            floor = max(floor, window_log_scale(self.vision, self.requests, coeff))
-        if self.anchors.requests:
-            floor = max(floor, self.anchors.log_scale(self.requests, coeff))
-        view = build_view(self.requests, live, self.queue, self.policy, coeff, decode, norm,
-                          self.resources, self.queue.expected_end_ns(self.now_ns), self.config.max_context,
-                          self.config.selection_slots,
-                          (self.speculation, self.source) if self.shapes.rounds else None, floor)
-        if self.vision.requests:
-            self.vision.restrict(view, self.requests)  # legal chunk ends of image requests
-        if self.anchors.requests:
-            self.anchors.restrict(view, self.requests)  # no chunk passes a planned cut
-        return view
-
-    def _plan_from(self, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
-        """Freeze the winning candidate into a plan, or None while it needs an empty window."""
-        if winner is None:
-            return None
-        kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
-        window, anchor = type(winner) is WindowCandidate, type(winner) is AnchorCandidate
-        if window or anchor:
-            lanes = winner.lanes_of()
-        elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
-            lanes = self.state.lanes(self.requests, kind, winner.table_rows[winner.members],
-                                     winner.lane_values[winner.members])
-        elif kind is GraphKind.SPECULATIVE:
-            lanes = self._spec_lanes(winner, view)
-        elif kind is GraphKind.MIXED:
-            lanes = mixed_lanes(self.requests, winner, view)
-        elif kind is GraphKind.DECODE:
-            # Values are the scaled lane values at the winner's duration.
-            values = view.decode.base[winner.members] + view.decode.age_slope * t_ms
-            rows, members = view.decode_rows[winner.members], winner.members
-            if view.decode_cursor is None:
-                lanes = decode_lanes(self.requests, rows, values)
-            else:  # the view's cursors and outputs at these rows: the table's, without reading it again
-                lanes = decode_lanes(self.requests, rows, values, view.decode_cursor[members],
-                                     view.decode_produced[members])
-        else:
-            rows = view.prefill[kind][1][winner.members]
-            lanes = prefill_lanes(self.requests, rows, winner.works)
-        feedback = requires_feedback(winner.shape, winner.cost_state, lanes)
-        if len(self.queue) and feedback:
-            return None  # the winner needs an empty window: submit nothing until it drains
-        est = None if winner.t_ms is None else int(round(winner.t_ms * 1e6))
-        if reason is None:
-            reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
-        return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
-                             feedback, winner.cost_state is CostState.STALE, self.now_ns,
-                             self.queue.expected_end_ns(self.now_ns), self.queue.fences(), winner.device,
-                             None if rows is None else (self.requests, self._stamp, lanes, rows),
-                             private_state=window and kind is not GraphKind.VISION, anchor=anchor)
-
-    def _spec_lanes(self, winner, view: PlanningView):
-        pool, t = view.decode, winner.t_ms or 0.0
-        values, expected = [], []
-        for i, rows in zip(winner.members.tolist(), winner.rows.tolist()):
-            gains = pool.extra_value[i] * pool.survival_alpha[i, : rows - 1].sum()
-            values.append(float(pool.base[i] + gains + pool.age_slope * t))
-            expected.append(expected_output(pool.survival[i], rows))
-        bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
-        return speculative_lanes(self.requests, view.decode_rows[winner.members], bounds,
-                                 np.array(expected), np.array(values), winner.rows)
-
+    # Accessors of selection.derived (estimates-only values, cached against the cost table).
     def _normalizers(self) -> Normalizers:
         """The phases' reference rates from the measured catalog (docs/scheduling-utility.md)."""
-        return self._derived()[1]
+        return selection.derived(self)[1]
 
     def _decode_reference(self) -> DecodeReference:
-        return self._derived()[0]
+        return selection.derived(self)[0]
 
     def _coeff(self) -> PriceCoefficients:
         """The price coefficients, calibrated to the measured time scale when the policy asks."""
-        return self._derived()[2]
-
-    def _derived(self) -> tuple:
-        """(decode reference, normalizers, price coefficients): functions of the estimates alone,
-        recomputed only when the cost table's version moves (a table without one, e.g. a baseline's time-dependent
-        moving average, recomputes at every call)."""
-        version = getattr(self.costs, "version", None)
-        if version is None or version != self._derived_version or self._derived_cache is None:
-            est = self.costs.estimate_ns
-            # Every delivery-bearing family: one visible burst per lane, whatever its width.
-            decode = [(s.batch_capacity, t / 1e6) for s in self.shapes.delivery if (t := est(s)) is not None]
-            norm = PHYSICAL
-            if self.policy.phase_normalized:
-                prefill = [(s.token_capacity, t / 1e6) for s in self.shapes.prefill + self.shapes.scored_prefill
-                           if (t := est(s)) is not None]
-                norm = reference_normalizers(prefill, decode)
-            coeff = self.coeff
-            if self.policy.fairness_time_scale:
-                coeff = coeff.time_scaled(reference_normalizers((), decode).log_decode)
-            self._derived_cache, self._derived_version = (DecodeReference(decode), norm, coeff), version
-        return self._derived_cache
-
-    def _cost_lookup(self, now: int):
-        if isinstance(self.costs, CostTable):
-            return self.costs.lookup_ms_at(now)
-
-        def lookup(shape):
-            t, state = self.costs.lookup(shape, now)
-            return (None if t is None else t / 1e6), state
-        return lookup
+        return selection.derived(self)[2]
 
     def seed_acceptance(self, survival, source: ProposalSource | None = None) -> None:
         """Preseed the population acceptance prior (prefix survival by depth)."""
         self.speculation.acceptance_prior[source or self.source].seed(survival)
 
-    # ---- commit ------------------------------------------------------------------------
+    # ---- commit and completion (execution.py) ------------------------------------------
     def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
-        now, t, lanes = self.now_ns, self.requests, plan.lanes
-        if not isinstance(fence, int) or (self._last_fence is not None and fence <= self._last_fence):
-            raise StalePlan(f"fence {fence!r} must be an integer greater than {self._last_fence}")
-        if plan.queue_fences != self.queue.fences():
-            raise StalePlan("the execution queue changed since this plan was made")
-        if len(self.queue) and (plan.requires_feedback or not self.queue.accepts_more(now)):
-            raise QueueFull("the plan needs an empty window, or the queue has no room")
-        ledger = self.exploration.ledger(plan.reason)
-        if ledger is not None and not ledger.funded():
-            raise StalePlan(f"the {plan.reason.value} credit was spent since planning")
-        # Freshness is rechecked: a saved plan can outlive the estimate's freshness interval, and a
-        # stale dispatch needs an empty queue and completion feedback.
-        state = self.costs.state(plan.shape, now)
-        if state is not CostState.FRESH:
-            if len(self.queue):
-                raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
-            if not plan.requires_feedback:
-                plan = replace(plan, requires_feedback=True, stale_cost=True)
-        snapshot = plan.shape.kind is GraphKind.SNAPSHOT
-        res = plan.resolved
-        if res is not None and res[0] is t and res[1] == self._stamp and res[2] is lanes:
-            # Nothing changed the table since planning: the planned rows (distinct, live decode or
-            # prompt rows) still hold these requests at these epochs and versions, and their slots
-            # are the lanes' slot column. The trace turns the read-only handle column into a list.
-            rows, handles, unique = res[3], lanes.handle, True
-            new = lanes.slot == NO_SLOT
-        else:
-            handles = lanes.handle.tolist()
-            found = list(map(t.index.get, handles))
-            try:
-                rows = np.fromiter(found, np.int64, len(found))
-            except TypeError:  # a None: the request retired (cheaper than searching for None first)
-                raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
-            done = t.phase[rows] == DONE
-            if snapshot:  # terminal captures retire through this graph
-                done &= ~np.array([self.state.holds(h) for h in handles], dtype=bool)
-            bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
-            if count_nonzero(bad):
-                i = int(np.argmax(bad))
-                what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
-                raise StalePlan(f"request {lanes.handle[i]} {what}")
-            unique = len(set(found)) == len(found)
-            new = t.slot[rows] == NO_SLOT
-        newcomers = rows[new] if count_nonzero(new) else None
-        if newcomers is not None:
-            need = sum(self.resources.extent_pages_of(t, newcomers).tolist())
-            if len(newcomers) > self.resources.free_slots or need > self.resources.free_pages:
-                raise StalePlan("not enough free slots or pages for the plan's new requests")
-        window = bool(self.vision.requests) and self.vision.is_window_plan(plan)
-        if window:
-            self.vision.check_commit(plan)  # private snapshot rows
-        # Validated: mutate.
-        self._stamp += 1
-        if window:
-            self.vision.committed(plan)
-        if newcomers is not None:
-            self.resources.acquire(t, newcomers)
-            t.resident_ns[newcomers] = now  # the preemption quantum starts here
-        isolated = not len(self.queue)
-        start = self.queue.expected_end_ns(now)
-        end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
-        self._decisions += 1
-        if count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
-            t.queued_prompt[rows] += lanes.prompt_tokens
-        t.queued_output[rows] += lanes.output_rows
-        t.inflight[rows] += 1
-        t.version[rows] += 1
-        t.last_served_seq[rows] = self._decisions
-        # Participants: resident runnable and waiting (every live request).
-        if not snapshot and unique and t.live_count() == len(rows):
-            # The lanes are every live request (the steady state; none is done, so they are
-            # live): the lane rows, handles and epochs are the participants', and completion's
-            # accounting needs no table-sized scatter (account_interval).
-            participants, p_handles, p_epochs = rows, lanes.handle, lanes.epoch
-        else:
-            participants = t.live_rows()  # the table's cached live rows, not another scan
-            p_handles, p_epochs = t.handle[participants], t.epoch[participants]
-        self.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
-                              p_handles, p_epochs, self._normalizers(), None if snapshot else t.turnover))
-        self._last_fence = fence
-        refresh, learning = self.exploration.credit_units()  # before this plan's episode opens
-        self.exploration.committed(plan.shape, plan.reason, fence, now)
-        # The trace's PlanTrace is built only when read (tracelog.py); `handles` is this call's own list.
-        self.traces.record((fence, plan.shape, handles, plan.estimated_duration_ns,
-                            self.costs.observation_age_ns(plan.shape, now), plan.reason,
-                            plan.score, plan.log_scale, now, refresh, learning))
+        execution.commit(self, plan, fence)
 
-    # ---- completion --------------------------------------------------------------------
     def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:
         """Validate every lane first; a bad completion raises and changes nothing."""
-        return self._complete(fence, records, timing, None, None)
+        return execution.complete(self, fence, records, timing, None, None)
 
     def complete_with_survival(self, fence: Fence, records, timing: ExecutionTiming, survival) -> list[GeneratedToken]:
         """As complete(); `survival` maps handles to completion_speculative_survival rows."""
-        return self._complete(fence, records, timing, None, survival)
+        return execution.complete(self, fence, records, timing, None, survival)
 
     def complete_packed_round(self, fence: Fence, records, timing: ExecutionTiming, confidence) -> list[GeneratedToken]:
         """Complete a device-allocated round with its FP32 [2, slots, draft_capacity] sidecar
         (or one per rank, rank 0 first; rank 0 drives host decisions)."""
-        return self._complete(fence, records, timing, confidence, None)
+        return execution.complete(self, fence, records, timing, confidence, None)
 
     def complete_packed_round_with_survival(self, fence: Fence, records, timing: ExecutionTiming,
                                             confidence, survival) -> list[GeneratedToken]:
-        return self._complete(fence, records, timing, confidence, survival)
+        return execution.complete(self, fence, records, timing, confidence, survival)
 
     def sidecar_shape(self) -> tuple[int, int, int]:
         return (2, self.config.request_slots, self.config.draft_capacity)
-
-    def _complete(self, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
-        checked = validate_completion(self.queue, self.requests, fence, records, timing, confidence, survival,
-                                      None if confidence is None else self.sidecar_shape())
-        self._stamp += 1  # validated: the table changes
-        self.publications.flush()  # validation reads no rate: a rejected completion changes nothing
-        self.queue.pop()
-        out, some_done, bursts = apply_completion(self, checked, timing, confidence, survival)
-        # No row retires below unless some lane is done; state operations may edit `out`.
-        self._bursts = (None if bursts is None or some_done or self.state.enabled
-                        else (fence, self._stamp, *bursts))
-        if self.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
-            out = self._complete_state(checked.frame.plan, fence, timing, out)
-        if self.vision.requests and self.vision.is_window_plan(checked.frame.plan):
-            self.vision.completed(checked.frame.plan, self.requests)
-        rows = checked.frame.rows
-        if some_done or self.state.enabled or self.vision.requests:  # else every lane is still live: none can retire
-            self._retire_idle(rows)
-        # A lane still live is something left to run (state operations end no request).
-        if not len(self.queue) and (some_done or not len(rows)) and not self.requests.live_count():
-            self.exploration.idle()  # nothing left to run: idle discards positive credit
-        return out
-
-    def _complete_state(self, plan: ScheduledPlan, fence: Fence, timing: ExecutionTiming, out):
-        """Capture allowance, state-operation results and terminal captures (checkpoints.py)."""
-        sample = timing.cost_sample_ns()
-        productive = [g.handle for g in out if g.tokens]
-        self.state.earn(plan.shape.kind, productive, None if sample is None else sample / 1e6)
-        snap = [t for sh in self.state.snapshot_shapes if (t := self.costs.estimate_ns(sh)) is not None]
-        if self.anchors.requests:
-            lookup = self._cost_lookup(self.now_ns)
-            self.anchors.completed(self.requests, plan, lambda sh: lookup(sh)[1])
-        return self.state.completed(self.requests, plan.shape.kind, plan.handles, fence, self.now_ns, out,
-                                    lambda row: self.resources.release(self.requests, row),
-                                    min(snap) / 1e6 if snap else None)
 
     # ---- the caller surface beyond the spec's API (see protocol.py) ------------------------
     def preempt(self, handle: RequestHandle, now_ns: int) -> None:
@@ -591,20 +305,4 @@ class Scheduler:
         """`published_output(h, fence)` for each of `handles`, in order, in one call: a frame's
         bursts are usually published together. Checked before anything is recorded: an unknown
         handle raises and records none of them (a retired one is skipped, as alone)."""
-        if type(fence) is not int:
-            raise InvalidRequest(f"a publication names an integer fence, got {fence!r}")
-        bursts = self._bursts
-        if (bursts is not None and bursts[0] == fence and bursts[1] == self._stamp and type(handles) is list
-                and handles and handles == bursts[2]):
-            # Every burst of the last completion, in order, with the table as it left it: the
-            # frame's rows are these handles' rows (an ndarray, which the flush takes as it is).
-            self.publications.reported.append((bursts[3], fence, self.now_ns))
-            return
-        rows = list(map(self.requests.index.get, handles))
-        if None in rows:
-            known = [r is not None or h in self._retired_set for h, r in zip(handles, rows)]
-            if not all(known):
-                raise UnknownRequest(f"unknown request handle {handles[known.index(False)]}")
-            rows = [r for r in rows if r is not None]
-        if rows:
-            self.publications.reported.append((rows, fence, self.now_ns))
+        execution.publish(self, handles, fence)

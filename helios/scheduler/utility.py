@@ -63,7 +63,7 @@ class DecodeReference:
     """The measured delivery-bearing graphs as (batch, t_ms), with what planning derives from them
     and nothing else: sigma(n) (reference_interval_ms for n streams of one family) and steps[m] (the
     shortest such graph with room for m rows, None when none is). Built once per cost-table version
-    (Scheduler._derived), so a decision looks both up instead of recomputing them."""
+    (selection.derived), so a decision looks both up instead of recomputing them."""
 
     __slots__ = ("costs", "steps", "_sigma")
 

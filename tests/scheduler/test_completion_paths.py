@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-import helios.scheduler.core as core
+import helios.scheduler.execution as execution
 from helios.config import SchedulerConfig
 from helios.errors import StalePlan
 from helios.scheduler import CompletionRecord, ExecutionTiming, FinishReason
@@ -65,7 +65,7 @@ def test_shortcuts_leave_the_same_state(seed):
         ops = [(rng.choice(KINDS), rng.randrange(8)) for _ in range(60)]
         fast = run(ops)
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(core, "Frame", checked_frame)
+            mp.setattr(execution, "Frame", checked_frame)
             general = run(ops)
         assert fast == general, ops
 

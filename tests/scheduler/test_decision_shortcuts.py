@@ -14,6 +14,7 @@ import pytest
 from helios.errors import StalePlan
 from helios.scheduler import ExecutionTiming
 from helios.scheduler.requests import DONE
+from helios.scheduler.selection import current_view
 
 from conftest import MS, decode, make, prefill, records_for, spec, step
 
@@ -171,7 +172,7 @@ def test_decode_lanes_from_the_views_cursors_equal_the_tables():
     for i in range(5):
         s.admit(spec(prompt=40 + 8 * i, out=50), 0)
     fence = 0
-    while (view := s._view()) is None or view.decode_cursor is None or len(view.decode_rows) < 5:
+    while (view := current_view(s)) is None or view.decode_cursor is None or len(view.decode_rows) < 5:
         fence += 1
         step(s, s.plan(), fence)
     members = np.arange(len(view.decode_rows))[::-1]

@@ -10,6 +10,7 @@ from helios.graphs import Catalog, GraphKind
 from helios.scheduler import CompletionRecord, ExecutionTiming, Scheduler
 from helios.scheduler.mixed import mixed_candidates
 from helios.scheduler.policy import Budget
+from helios.scheduler.selection import cost_lookup, current_view
 
 from conftest import MS, Driver, FixedCosts, decode, make, prefill, spec
 from mixed_helpers import decoders_and_prompts, mixed
@@ -21,9 +22,9 @@ TABLE = {decode(1): 5.0, decode(2): 5.2, decode(4): 5.5, prefill(64): 6.0, prefi
 
 
 def candidates(s):
-    view = s._view()
+    view = current_view(s)
     prompts = view.prefill.get(GraphKind.PREFILL)
-    return mixed_candidates(s.shapes.mixed, s._cost_lookup(s.now_ns), view.decode,
+    return mixed_candidates(s.shapes.mixed, cost_lookup(s.costs, s.now_ns), view.decode,
                             None if prompts is None else prompts[0], view.waiting, Budget(64, 1 << 20))
 
 

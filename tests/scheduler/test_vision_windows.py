@@ -17,6 +17,7 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import Capacities, build_catalog
 from helios.runtime.driver import DriverRequest, SyncDriver
 from helios.scheduler import ImageSpan, RequestSpec, Scheduler
+from helios.scheduler.selection import cost_lookup
 from helios.scheduler.vision import group_windows
 from helios.sim.costmodel import SyntheticCostModel
 
@@ -285,11 +286,11 @@ def test_catalog_vision_option_and_simcore_prices_vision_graphs():
 def test_continuation_includes_the_remaining_image_operations():
     from helios.scheduler.vision_candidates import _chain_ms
     s = make(TABLE)
-    costs = s._cost_lookup(0)
+    costs = cost_lookup(s.costs, 0)
     assert _chain_ms(costs, GraphKind.VISION, s.vision) == 0.0
     assert _chain_ms(costs, GraphKind.RESTORE, s.vision) == 20.0  # the next window's vision graph
     assert _chain_ms(costs, GraphKind.SNAPSHOT, s.vision) == 23.0  # restore, then vision
-    assert _chain_ms(make(TABLE, unmeasured=(V1,))._cost_lookup(0), GraphKind.SNAPSHOT, s.vision) is None
+    assert _chain_ms(cost_lookup(make(TABLE, unmeasured=(V1,)).costs, 0), GraphKind.SNAPSHOT, s.vision) is None
 
 
 def test_boundary_snapshot_ranks_by_the_continuation_index_of_the_next_chunk():

@@ -1,0 +1,199 @@
+"""The plan call (Scheduler.plan): the live requests projected to the queue's expected end (the
+planning view), every family's candidates on it, and the winner frozen into a ScheduledPlan.
+
+Functions of the scheduler, bottom-up; `Scheduler.plan` is a thin call into `plan`. `derived`
+also serves commit (execution.py) and admission: it owns the cache of what depends only on the
+cost table's estimates.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from helios.config import SpeculationMode
+from helios.graphs import GraphKind
+from helios.scheduler.anchors import AnchorCandidate
+from helios.scheduler.cost import CostState, CostTable
+from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
+from helios.scheduler.mixed import mixed_candidates, mixed_lanes
+from helios.scheduler.plan import ScheduledPlan, SelectionReason
+from helios.scheduler.planning import PlanningView, build_view
+from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
+from helios.scheduler.prerequisites import (
+    restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
+)
+from helios.scheduler.rounds import speculative_candidates
+from helios.scheduler.service import PHYSICAL, reference_normalizers
+from helios.scheduler.speculation import expected_output
+from helios.scheduler.utility import DecodeReference
+from helios.scheduler.vision_candidates import WindowCandidate, window_candidates, window_log_scale
+
+
+def derived(sched) -> tuple:
+    """(decode reference, normalizers, price coefficients): functions of the estimates alone,
+    recomputed only when the cost table's version moves (a table without one, e.g. a baseline's time-dependent
+    moving average, recomputes at every call)."""
+    version = getattr(sched.costs, "version", None)
+    if version is None or version != sched._derived_version or sched._derived_cache is None:
+        est = sched.costs.estimate_ns
+        # Every delivery-bearing family: one visible burst per lane, whatever its width.
+        decode = [(s.batch_capacity, t / 1e6) for s in sched.shapes.delivery if (t := est(s)) is not None]
+        norm = PHYSICAL
+        if sched.policy.phase_normalized:
+            prefill = [(s.token_capacity, t / 1e6) for s in sched.shapes.prefill + sched.shapes.scored_prefill
+                       if (t := est(s)) is not None]
+            norm = reference_normalizers(prefill, decode)
+        coeff = sched.coeff
+        if sched.policy.fairness_time_scale:
+            coeff = coeff.time_scaled(reference_normalizers((), decode).log_decode)
+        sched._derived_cache, sched._derived_version = (DecodeReference(decode), norm, coeff), version
+    return sched._derived_cache
+
+
+def cost_lookup(costs, now: int):
+    """shape -> (estimate in ms or None, CostState) at `now`: one closure per decision."""
+    if isinstance(costs, CostTable):
+        return costs.lookup_ms_at(now)
+
+    def lookup(shape):
+        t, state = costs.lookup(shape, now)
+        return (None if t is None else t / 1e6), state
+    return lookup
+
+
+def current_view(sched) -> PlanningView | None:
+    """Live requests projected to the queue's expected end, or None when nothing can queue."""
+    if not sched.queue.accepts_more(sched.now_ns):
+        return None
+    sched.publications.flush()
+    live = sched.requests.live_rows()
+    if sched.state.restoring or sched.state.captures:  # restores not completed, preemptions
+        live = live[~sched.state.not_ready(sched.requests, live)]
+    if sched.vision.requests:  # prompts waiting for a window operation
+        live = live[~sched.vision.not_ready(sched.requests, live)]
+    if sched.anchors.requests:  # prompts at a cut, or waiting for its anchor snapshot
+        live = live[~sched.anchors.not_ready(sched.requests, live)]
+    if not len(live) and not (sched.state.captures or sched.state.restoring or sched.vision.requests
+                              or sched.anchors.requests):
+        return None
+    decode, norm, coeff = derived(sched)
+    floor = restore_log_scale(sched.state, sched.requests, coeff)
+    if sched.vision.requests:
+        floor = max(floor, window_log_scale(sched.vision, sched.requests, coeff))
+    if sched.anchors.requests:
+        floor = max(floor, sched.anchors.log_scale(sched.requests, coeff))
+    view = build_view(sched.requests, live, sched.queue, sched.policy, coeff, decode, norm,
+                      sched.resources, sched.queue.expected_end_ns(sched.now_ns), sched.config.max_context,
+                      sched.config.selection_slots,
+                      (sched.speculation, sched.source) if sched.shapes.rounds else None, floor)
+    if sched.vision.requests:
+        sched.vision.restrict(view, sched.requests)  # legal chunk ends of image requests
+    if sched.anchors.requests:
+        sched.anchors.restrict(view, sched.requests)  # no chunk passes a planned cut
+    return view
+
+
+def _state_candidates(sched, view: PlanningView, costs) -> list:
+    """Terminal snapshots and prerequisite restores (prerequisites.py)."""
+    if not sched.state.enabled:
+        return []
+    budget = Budget(sched.resources.free_slots, sched.resources.free_pages)
+    start = sched.queue.expected_end_ns(sched.now_ns)
+    pages = lambda rows: sched.resources.extent_pages_of(sched.requests, rows)  # noqa: E731
+    return (snapshot_candidates(sched.state, sched.requests, costs, view.log_scale, view.waiting, start)
+            + sched.anchors.candidates(sched.requests, sched.state.captures, costs, sched.shapes.decode,
+                                       derived(sched)[2], view.log_scale, view.waiting)
+            + restore_candidates(sched.state, sched.requests, costs, sched.shapes.prefill, sched.shapes.decode,
+                                 derived(sched)[2], view.log_scale, view.waiting, budget, pages,
+                                 view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
+
+
+def _window_candidates(sched, view: PlanningView, costs) -> list:
+    t = sched.requests
+    shapes_of = lambda row: sched.shapes.prefill_of(  # noqa: E731
+        GraphKind.SCORED_PREFILL if t.score_prompt[row] else GraphKind.PREFILL)
+    return window_candidates(sched.vision, t, sched.state.restoring, costs, shapes_of, derived(sched)[2],
+                             view.log_scale, view.waiting,
+                             Budget(sched.resources.free_slots, sched.resources.free_pages),
+                             lambda rows: sched.resources.extent_pages_of(t, rows), view.prefill)
+
+
+def _spec_lanes(sched, winner, view: PlanningView):
+    pool, t = view.decode, winner.t_ms or 0.0
+    values, expected = [], []
+    for i, rows in zip(winner.members.tolist(), winner.rows.tolist()):
+        gains = pool.extra_value[i] * pool.survival_alpha[i, : rows - 1].sum()
+        values.append(float(pool.base[i] + gains + pool.age_slope * t))
+        expected.append(expected_output(pool.survival[i], rows))
+    bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
+    return speculative_lanes(sched.requests, view.decode_rows[winner.members], bounds,
+                             np.array(expected), np.array(values), winner.rows)
+
+
+def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
+    """Freeze the winning candidate into a plan, or None while it needs an empty window."""
+    if winner is None:
+        return None
+    kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
+    window, anchor = type(winner) is WindowCandidate, type(winner) is AnchorCandidate
+    if window or anchor:
+        lanes = winner.lanes_of()
+    elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
+        lanes = sched.state.lanes(sched.requests, kind, winner.table_rows[winner.members],
+                                 winner.lane_values[winner.members])
+    elif kind is GraphKind.SPECULATIVE:
+        lanes = _spec_lanes(sched, winner, view)
+    elif kind is GraphKind.MIXED:
+        lanes = mixed_lanes(sched.requests, winner, view)
+    elif kind is GraphKind.DECODE:
+        # Values are the scaled lane values at the winner's duration.
+        values = view.decode.base[winner.members] + view.decode.age_slope * t_ms
+        rows, members = view.decode_rows[winner.members], winner.members
+        if view.decode_cursor is None:
+            lanes = decode_lanes(sched.requests, rows, values)
+        else:  # the view's cursors and outputs at these rows: the table's, without reading it again
+            lanes = decode_lanes(sched.requests, rows, values, view.decode_cursor[members],
+                                 view.decode_produced[members])
+    else:
+        rows = view.prefill[kind][1][winner.members]
+        lanes = prefill_lanes(sched.requests, rows, winner.works)
+    feedback = requires_feedback(winner.shape, winner.cost_state, lanes)
+    if len(sched.queue) and feedback:
+        return None  # the winner needs an empty window: submit nothing until it drains
+    est = None if winner.t_ms is None else int(round(winner.t_ms * 1e6))
+    if reason is None:
+        reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
+    return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
+                         feedback, winner.cost_state is CostState.STALE, sched.now_ns,
+                         sched.queue.expected_end_ns(sched.now_ns), sched.queue.fences(), winner.device,
+                         None if rows is None else (sched.requests, sched._stamp, lanes, rows),
+                         private_state=window and kind is not GraphKind.VISION, anchor=anchor)
+
+
+def plan(sched) -> ScheduledPlan | None:
+    """Scheduler.plan: the best plan for the current view, or None."""
+    view = current_view(sched)
+    if view is None:
+        return None
+    costs = cost_lookup(sched.costs, sched.now_ns)
+    if sched.state.captures:
+        view.waiting += terminal_waiting(sched.state, view.log_scale)
+    candidates = _state_candidates(sched, view, costs)
+    if sched.vision.requests:  # vision graphs and window snapshots/restores (vision_candidates.py)
+        candidates += _window_candidates(sched, view, costs)
+    candidates += decode_candidates(sched.shapes.decode, costs, view.decode, view.waiting)
+    # Device allocation needs the program's causal confidence; copy proposals have none,
+    # so adaptive copy speculation chooses widths with host allocation.
+    device = sched.config.speculation is SpeculationMode.ADAPTIVE and not sched.config.copy_proposals
+    if sched.shapes.speculative:
+        candidates += speculative_candidates(sched.shapes.speculative, costs, view.decode, view.waiting, device)
+    budget = Budget(sched.resources.free_slots, sched.resources.free_pages) if view.prefill or sched.shapes.mixed else None
+    for kind, (pool, _) in view.prefill.items():
+        candidates += prefill_candidates(sched.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
+    if sched.shapes.mixed:
+        prompts = view.prefill.get(GraphKind.PREFILL)
+        candidates += mixed_candidates(sched.shapes.mixed, costs, view.decode,
+                                       None if prompts is None else prompts[0], view.waiting, budget)
+    # Funded exploration may displace the ordinary winner.
+    chosen, reason = sched.exploration.choose(sched, candidates, best(candidates), view, costs, device)
+    return plan_from(sched, chosen, view, reason)
