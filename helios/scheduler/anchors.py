@@ -46,6 +46,7 @@ import numpy as np
 
 from helios.graphs import GraphKind
 from helios.scheduler.cost import CostState
+from helios.scheduler.lanes import state_lanes
 from helios.scheduler.plan import NO_SLOT, PlanLanes, RequestHandle, RequestSpec
 from helios.scheduler.policy import LanePool, finish_candidate
 from helios.scheduler.prerequisites import StateCandidate, continuation_index
@@ -231,15 +232,8 @@ class AnchorCuts:
 def _builder(t: RequestTable, cuts: AnchorCuts, c: AnchorCandidate):
     def lanes() -> PlanLanes:
         rows, values = c.table_rows[c.members], c.lane_values[c.members]
-        n = len(rows)
         context = [cuts.requests[h].due for h in t.handle[rows].tolist()]  # the exact cut copied
-        zeros = np.zeros(n, dtype=np.int64)
-        return PlanLanes(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
-                         prompt_start=t.prompt_done[rows] + t.queued_prompt[rows], prompt_tokens=zeros,
-                         context_tokens=np.asarray(context, dtype=np.int64), output_rows=zeros,
-                         expected_tokens=np.zeros(n), expected_deliveries=np.zeros(n),
-                         value=np.asarray(values, dtype=float), needs_feedback=np.zeros(n, dtype=bool),
-                         predicted_rows=np.ones(n, dtype=np.int64))
+        return state_lanes(t, rows, context, values)
     return lanes
 
 

@@ -40,6 +40,7 @@ import numpy as np
 from helios.config import PolicyConfig
 from helios.errors import InvalidRequest
 from helios.graphs import Catalog, GraphKind
+from helios.scheduler.lanes import state_lanes
 from helios.scheduler.plan import NO_SLOT, FinishReason, GeneratedToken, PlanLanes, RequestHandle, RequestSpec
 from helios.scheduler.requests import DECODE, RequestTable
 
@@ -170,20 +171,13 @@ class StateOperations:
     def lanes(self, t: RequestTable, kind: GraphKind, rows: np.ndarray, values: np.ndarray) -> PlanLanes:
         """Lanes of a state operation: no prompt consumed, no output row; `context_tokens` is
         the exact endpoint copied (snapshot) or restored (restore)."""
-        n = len(rows)
-        cursor = t.prompt_done[rows] + t.queued_prompt[rows]
         if kind is GraphKind.SNAPSHOT:
             caps = [self.captures[int(h)] for h in t.handle[rows]]
             context = np.array([_state_tokens(t, int(r)) if c.preempted else c.endpoint
                                 for c, r in zip(caps, rows.tolist())], dtype=np.int64)
         else:
             context = np.array([self.restoring[int(h)] for h in t.handle[rows]], dtype=np.int64)
-        zeros = np.zeros(n, dtype=np.int64)
-        return PlanLanes(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
-                         prompt_start=cursor, prompt_tokens=zeros, context_tokens=context, output_rows=zeros,
-                         expected_tokens=np.zeros(n), expected_deliveries=np.zeros(n),
-                         value=np.asarray(values, dtype=float), needs_feedback=np.zeros(n, dtype=bool),
-                         predicted_rows=np.ones(n, dtype=np.int64))
+        return state_lanes(t, rows, context, values)
 
 
 def _state_tokens(t: RequestTable, row: int) -> int:

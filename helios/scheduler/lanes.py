@@ -128,3 +128,16 @@ def requires_feedback(shape: GraphShape, state: CostState, lanes: PlanLanes) -> 
     """A plan needs an empty window when its graph cannot queue, its cost is not fresh, or a
     lane needs host feedback."""
     return not shape.kind.queueable or state is not CostState.FRESH or count_nonzero(lanes.needs_feedback) > 0
+
+
+def state_lanes(t: RequestTable, rows: np.ndarray, context, values) -> PlanLanes:
+    """Lanes of a state operation (snapshot, restore, vision): no prompt consumed, no output row;
+    `context` is the exact endpoint each lane copies, restores or writes."""
+    n = len(rows)
+    zeros = np.zeros(n, dtype=np.int64)
+    return PlanLanes(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
+                     prompt_start=t.prompt_done[rows] + t.queued_prompt[rows], prompt_tokens=zeros,
+                     context_tokens=np.asarray(context, dtype=np.int64), output_rows=zeros,
+                     expected_tokens=np.zeros(n), expected_deliveries=np.zeros(n),
+                     value=np.asarray(values, dtype=float), needs_feedback=np.zeros(n, dtype=bool),
+                     predicted_rows=np.ones(n, dtype=np.int64))

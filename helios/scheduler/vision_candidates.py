@@ -25,6 +25,7 @@ import numpy as np
 from helios.graphs import GraphKind
 from helios.scheduler.cost import CostState
 from helios.scheduler.lookahead import two_stage
+from helios.scheduler.lanes import state_lanes
 from helios.scheduler.plan import NO_SLOT, PlanLanes
 from helios.scheduler.policy import Budget, LanePool, finish_candidate
 from helios.scheduler.prerequisites import StateCandidate, continuation_index
@@ -200,16 +201,9 @@ def _ready_values(pool: LanePool | None, chunk: int, served: np.ndarray) -> np.n
 def _builder(vw: VisionWindows, t: RequestTable, kind, c: WindowCandidate):
     def lanes() -> PlanLanes:
         rows, values = c.table_rows[c.members], c.lane_values[c.members]
-        n = len(rows)
         if kind is _VISION:  # the window's feature rows, written from offset zero
             context = [vw.requests[h].windows[vw.requests[h].active].features for h in t.handle[rows].tolist()]
         else:  # the exact consumed state the private row holds
             context = t.prompt_done[rows]
-        zeros = np.zeros(n, dtype=np.int64)
-        return PlanLanes(handle=t.handle[rows], epoch=t.epoch[rows], version=t.version[rows], slot=t.slot[rows],
-                         prompt_start=t.prompt_done[rows] + t.queued_prompt[rows], prompt_tokens=zeros,
-                         context_tokens=np.asarray(context, dtype=np.int64), output_rows=zeros,
-                         expected_tokens=np.zeros(n), expected_deliveries=np.zeros(n),
-                         value=np.asarray(values, dtype=float), needs_feedback=np.zeros(n, dtype=bool),
-                         predicted_rows=np.ones(n, dtype=np.int64))
+        return state_lanes(t, rows, context, values)
     return lanes
