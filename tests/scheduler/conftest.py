@@ -102,6 +102,15 @@ REQUEST_STATE = st.tuples(st.booleans(), st.floats(-6.0, 2.0), st.floats(-6.0, 2
                           st.integers(1, 300))
 
 
+def drain(s: Scheduler, fence: int = 0, eos=()):
+    """Plan and complete one frame at a time until nothing is planned; returns (log, fence)."""
+    log = []
+    while (p := s.plan()) is not None:
+        fence += 1
+        log.append((p, step(s, p, fence, eos=eos)))
+    return log, fence
+
+
 def with_states(table: dict, states, policy) -> Scheduler:
     """A measured scheduler at t = 1 s holding one request per REQUEST_STATE, set directly in the table."""
     s = make(table, policy=policy)

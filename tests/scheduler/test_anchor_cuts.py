@@ -16,19 +16,12 @@ from helios.runtime.driver import SyncDriver
 from helios.scheduler import Scheduler
 from helios.scheduler.anchors import AnchorCuts, tiled_ms
 
-from tests.scheduler.conftest import MS, FixedCosts, decode, make, prefill, spec, step
+from tests.scheduler.conftest import MS, FixedCosts, decode, drain, make, prefill, spec, step
 
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
 # One-row prefill: 64 tokens in 30 ms, 256 in 80 ms (the cheaper per token); snapshot 2 ms.
 TABLE = {decode(1): 10, decode(4): 14, prefill(64): 30, prefill(256): 80, SNAP: 2, REST: 3}
 
-
-def drain(s, fence=0):
-    log = []
-    while (p := s.plan()) is not None:
-        fence += 1
-        log.append((p, step(s, p, fence)))
-    return log, fence
 
 
 def with_fraction(fraction: float, **kw) -> SchedulerConfig:

@@ -16,19 +16,11 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.runtime.driver import SyncDriver
 from helios.scheduler import FinishReason, Scheduler
 
-from tests.scheduler.conftest import MS, FixedCosts, decode, make, prefill, spec, step
+from tests.scheduler.conftest import MS, FixedCosts, decode, drain, make, prefill, spec, step
 
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
 TABLE = {decode(1): 10, decode(4): 14, prefill(64): 30, prefill(64, 4): 60, prefill(256): 80, SNAP: 2, REST: 3}
 
-
-def drain(s, fence=0, eos=()):
-    """Plan and complete one frame at a time until nothing is planned; returns (log, fence)."""
-    log = []
-    while (p := s.plan()) is not None:
-        fence += 1
-        log.append((p, step(s, p, fence, eos=eos)))
-    return log, fence
 
 
 def test_terminal_capture_holds_the_finish_until_its_snapshot():

@@ -21,7 +21,7 @@ from helios.scheduler.selection import cost_lookup
 from helios.scheduler.vision import group_windows
 from helios.sim.costmodel import SyntheticCostModel
 
-from tests.scheduler.conftest import MS, FixedCosts, decode, make, prefill, spec, step
+from tests.scheduler.conftest import MS, FixedCosts, decode, drain, make, prefill, spec, step
 
 V1, V2 = GraphShape(GraphKind.VISION, 1, 200), GraphShape(GraphKind.VISION, 2, 200)
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
@@ -29,13 +29,6 @@ TEXT = {decode(1): 10, decode(4): 14, prefill(64): 30, prefill(64, 4): 60, prefi
 TABLE = {**TEXT, V1: 20, V2: 30}
 IMAGES = (ImageSpan(20, 100), ImageSpan(130, 120), ImageSpan(300, 50), ImageSpan(360, 150))  # 3 windows of 200
 
-
-def drain(s, fence=0):
-    log = []
-    while (p := s.plan()) is not None:
-        fence += 1
-        log.append((p, step(s, p, fence)))
-    return log, fence
 
 
 def inside(end, images):
