@@ -264,13 +264,10 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
     n = len(pool.handles)
     if n == 0 or not shapes:
         return []
-    by_chunk: dict[int, list[GraphShape]] = {}
-    for s in shapes:
-        by_chunk.setdefault(s.token_capacity, []).append(s)
-    max_batch = max(s.batch_capacity for s in shapes)
+    by_chunk, max_batch = by_identity(_BY_CHUNK, shapes, _chunks, 256)
     seen: dict[tuple, list[GraphShape]] = {}
     out = []
-    for chunk in sorted(by_chunk):
+    for chunk, chunk_shapes in by_chunk:
         works = np.minimum(pool.prompt_left, chunk)
         if pool.clip is not None:
             works = pool.clip(np.arange(n), works)
@@ -281,17 +278,22 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
         if pool.clip is not None:
             order = order[works[order] > 0]  # a lane that cannot legally stop within this chunk
         feasible = _feasible_prefix(order, pool, min(max_batch, n), budget)
-        sums = prefix_sums(values[feasible])
-        for shape in sorted(by_chunk[chunk], key=lambda s: s.batch_capacity):
+        sums = prefix_sums(values[feasible]).tolist()  # the same floats, indexed per shape
+        ranked = _Ranked(pool, feasible, works[feasible])  # per chunk: its shapes take prefixes
+        for shape in chunk_shapes:
             m = min(shape.batch_capacity, len(feasible))
             if m == 0:
                 continue
             members = feasible[:m]
-            packed, value = _packed(pool, members, works[members], shape, float(sums[m]))
-            key = (tuple(pool.handles[members]), tuple(packed.tolist()))
-            if any(other.dominates(shape) for other in seen.get(key, ())):
+            packed, value = _packed(pool, ranked, m, shape, sums[m])
+            key = (tuple(ranked.handles[:m]), tuple(packed.tolist()))
+            same = seen.get(key)
+            if same is None:
+                seen[key] = [shape]
+            elif any(other.dominates(shape) for other in same):
                 continue  # redundant padding: same cohort, same logical work, larger shape
-            seen.setdefault(key, []).append(shape)
+            else:
+                same.append(shape)
             t_ms, state = costs(shape)
             if pool.stall_bound_ms is not None and t_ms is not None and t_ms > pool.stall_bound_ms:
                 continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
@@ -303,16 +305,48 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
     return out
 
 
-def _packed(pool: LanePool, members: np.ndarray, works: np.ndarray, shape: GraphShape, value: float):
-    """Packed works of a cohort (the module's rule) and their value; `value` is that of `works`."""
-    left = pool.prompt_left[members]
+class _Ranked:
+    """One chunk's feasible lanes, best first, as every capacity of that chunk reads them: each
+    cohort is a prefix, so the per-lane columns are gathered once per chunk, not per shape."""
+
+    __slots__ = ("members", "works", "rows", "left", "left_list", "handles", "used", "used_sq", "short")
+
+    def __init__(self, pool: LanePool, feasible: np.ndarray, works: np.ndarray):
+        self.members, self.works = feasible, works
+        self.rows = works.tolist()
+        self.left = pool.prompt_left[feasible]
+        self.left_list = self.left.tolist()
+        self.handles = pool.handles[feasible].tolist()
+        # Exact integer prefix sums of the rows and their squares (what _packed's spare needs).
+        self.used = [0, *accumulate(self.rows)]
+        self.used_sq = [0, *accumulate(w * w for w in self.rows)]
+        # The first lane with prompt beyond its chunk work: a cohort past it may grow.
+        self.short = next((i for i, (w, t) in enumerate(zip(self.rows, self.left_list)) if t > w), len(self.rows))
+
+
+_BY_CHUNK: dict[int, tuple] = {}  # shape tuple -> _chunks' result (utility.by_identity)
+
+
+def _chunks(shapes) -> tuple:
+    """((chunk, its shapes by batch capacity), ...) in chunk order, and the largest batch: static."""
+    by_chunk: dict[int, list[GraphShape]] = {}
+    for s in shapes:
+        by_chunk.setdefault(s.token_capacity, []).append(s)
+    return (tuple((c, tuple(sorted(by_chunk[c], key=lambda s: s.batch_capacity))) for c in sorted(by_chunk)),
+            max(s.batch_capacity for s in shapes))
+
+
+def _packed(pool: LanePool, ranked: _Ranked, m: int, shape: GraphShape, value: float):
+    """Packed works of the top-m cohort (the module's rule) and their value; `value` is that of
+    its unpacked works."""
+    works = ranked.works[:m]
     c = shape.token_capacity
-    rows = works.tolist()
-    spare = shape.batch_capacity * c - sum(rows)
-    spare_sq = shape.batch_capacity * c * c - sum(w * w for w in rows)
-    if spare <= 0 or not count_nonzero(left > works):
+    spare = shape.batch_capacity * c - ranked.used[m]
+    spare_sq = shape.batch_capacity * c * c - ranked.used_sq[m]
+    if spare <= 0 or ranked.short >= m:  # no room, or every member's prompt already fits
         return works, value
-    for i, (w, total) in enumerate(zip(rows, left.tolist())):
+    members, rows = ranked.members[:m], ranked.rows[:m]
+    for i, (w, total) in enumerate(zip(rows, ranked.left_list)):
         if spare <= 0:
             break
         # Largest growth that keeps both sums within full occupancy: (w + e)^2 - w^2 <= spare_sq.
@@ -324,7 +358,7 @@ def _packed(pool: LanePool, members: np.ndarray, works: np.ndarray, shape: Graph
             spare -= e
             spare_sq -= (w + e) * (w + e) - w * w
     packed = np.asarray(rows, dtype=np.int64)
-    finishes = packed == left
+    finishes = packed == ranked.left[:m]
     values = np.exp(pool.log_prefill[members]) * packed + np.where(finishes, pool.first_token[members], 0.0)
     return packed, float(values.sum())
 

@@ -45,7 +45,10 @@ def derived(sched) -> tuple:
             norm = reference_normalizers(prefill, decode)
         coeff = sched.coeff
         if sched.policy.fairness_time_scale:
-            coeff = coeff.time_scaled(reference_normalizers((), decode).log_decode)
+            # The decode reference alone: what `norm` already holds when phase-normalized (the same
+            # maximum over the same list), so it is not computed twice.
+            log_decode = norm.log_decode if sched.policy.phase_normalized else reference_normalizers((), decode).log_decode
+            coeff = coeff.time_scaled(log_decode)
         sched._derived_cache, sched._derived_version = (DecodeReference(decode), norm, coeff), version
     return sched._derived_cache
 
