@@ -18,7 +18,8 @@ from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedbac
 from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.plan import ScheduledPlan, SelectionReason
 from helios.scheduler.planning import PlanningView, build_view
-from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
+from helios.scheduler.policy import Budget, best, decode_candidates
+from helios.scheduler.prefill import prefill_candidates
 from helios.scheduler.prerequisites import (
     restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
 )
