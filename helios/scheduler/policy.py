@@ -128,8 +128,10 @@ def _cohorts(shapes, n: int) -> tuple:
     return hit[1]
 
 
-def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
-    """`lru`: the members' most recent service, when the caller already knows it."""
+def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None,
+                     used: int | None = None) -> Candidate:
+    """`lru`: the members' most recent service, `used`: the tokens of its rows (prefill), when
+    the caller already knows them."""
     n = len(c.members)
     is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
     if c.t_ms is None:
@@ -141,12 +143,13 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
             served = float(_sum(pool.stall[c.members])) if pool.stall is not None and n else 0.0
             c.score -= stall_cost(pool.stall_total - served, c.t_ms, pool.tau_ms)
     c.lru = lru if lru is not None else max(pool.lru[c.members].tolist()) if n else 0
-    if is_prefill:
-        used = sum(c.works.tolist())  # int sums on lists: cheaper than a numpy reduction here
-    elif c.rows is not None:
-        used = sum(c.rows.tolist())
-    else:
-        used = n * token_capacity
+    if used is None:
+        if is_prefill:
+            used = sum(c.works.tolist())  # int sums on lists: cheaper than a numpy reduction here
+        elif c.rows is not None:
+            used = sum(c.rows.tolist())
+        else:
+            used = n * token_capacity
     c.padding = target_capacity - used
     # Unknown first; then value (rate); then shorter known time, more requests served,
     # less recently used requests, smaller padding; finally a stable shape order.

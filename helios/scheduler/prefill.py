@@ -27,14 +27,15 @@ from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidat
 from helios.scheduler.utility import by_identity, prefix_sums, ranked_lanes
 
 
-def _feasible_prefix(order: np.ndarray, pool: LanePool, limit: int, budget: Budget) -> np.ndarray:
-    """Greedy best-first cohort that fits the free slots and pages (resident lanes always fit)."""
+def _feasible_prefix(order: np.ndarray, resident: list, pool_pages: list, limit: int, budget: Budget) -> np.ndarray:
+    """Greedy best-first cohort that fits the free slots and pages (resident lanes always fit).
+    `resident` and `pool_pages`: the pool's columns as lists (read per lane, once per chunk)."""
     chosen, slots, pages = [], budget.free_slots, budget.free_pages
-    for idx in order:
+    for idx in order.tolist():
         if len(chosen) == limit:
             break
-        if not pool.resident[idx]:
-            need = int(pool.pages[idx])
+        if not resident[idx]:
+            need = int(pool_pages[idx])
             if slots == 0 or need > pages:
                 continue
             slots -= 1
@@ -51,17 +52,20 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
     by_chunk, max_batch = by_identity(_BY_CHUNK, shapes, _chunks, 256)
     seen: dict[tuple, list[GraphShape]] = {}
     out = []
+    # Per call, not per chunk: what every chunk reads lane by lane, and exp of the log prices
+    # (the same elementwise values every chunk computed before).
+    resident, pages, unit = pool.resident.tolist(), pool.pages.tolist(), np.exp(pool.log_prefill)
     for chunk, chunk_shapes in by_chunk:
         works = np.minimum(pool.prompt_left, chunk)
         if pool.clip is not None:
             works = pool.clip(np.arange(n), works)
         finishes = works == pool.prompt_left
         # Prompt tokens at 1 + f/x, plus at most one output token when the prompt completes.
-        values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
+        values = unit * works + np.where(finishes, pool.first_token, 0.0)
         order = ranked_lanes(values, pool.lru, pool.slots)
         if pool.clip is not None:
             order = order[works[order] > 0]  # a lane that cannot legally stop within this chunk
-        feasible = _feasible_prefix(order, pool, min(max_batch, n), budget)
+        feasible = _feasible_prefix(order, resident, pages, min(max_batch, n), budget)
         sums = prefix_sums(values[feasible]).tolist()  # the same floats, indexed per shape
         ranked = _Ranked(pool, feasible, works[feasible])  # per chunk: its shapes take prefixes
         for shape in chunk_shapes:
@@ -69,7 +73,7 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
             if m == 0:
                 continue
             members = feasible[:m]
-            packed, value = _packed(pool, ranked, m, shape, sums[m])
+            packed, value, used = _packed(pool, ranked, m, shape, sums[m])
             key = (tuple(ranked.handles[:m]), tuple(packed.tolist()))
             same = seen.get(key)
             if same is None:
@@ -85,7 +89,7 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
                                                                           pool.to_endpoint[members]):
                 continue
             c = Candidate(shape, members, packed, value, 0.0, t_ms, state)
-            out.append(finish_candidate(c, pool, waiting))
+            out.append(finish_candidate(c, pool, waiting, ranked.recent[m - 1], used))
     return out
 
 
@@ -93,7 +97,7 @@ class _Ranked:
     """One chunk's feasible lanes, best first, as every capacity of that chunk reads them: each
     cohort is a prefix, so the per-lane columns are gathered once per chunk, not per shape."""
 
-    __slots__ = ("members", "works", "rows", "left", "left_list", "handles", "used", "used_sq", "short")
+    __slots__ = ("members", "works", "rows", "left", "left_list", "handles", "used", "used_sq", "short", "recent")
 
     def __init__(self, pool: LanePool, feasible: np.ndarray, works: np.ndarray):
         self.members, self.works = feasible, works
@@ -106,6 +110,7 @@ class _Ranked:
         self.used_sq = [0, *accumulate(w * w for w in self.rows)]
         # The first lane with prompt beyond its chunk work: a cohort past it may grow.
         self.short = next((i for i, (w, t) in enumerate(zip(self.rows, self.left_list)) if t > w), len(self.rows))
+        self.recent = list(accumulate(pool.lru[feasible].tolist(), max))  # recent[m - 1]: the top m's latest service
 
 
 _BY_CHUNK: dict[int, tuple] = {}  # shape tuple -> _chunks' result (utility.by_identity)
@@ -121,14 +126,14 @@ def _chunks(shapes) -> tuple:
 
 
 def _packed(pool: LanePool, ranked: _Ranked, m: int, shape: GraphShape, value: float):
-    """Packed works of the top-m cohort (the module's rule) and their value; `value` is that of
-    its unpacked works."""
+    """Packed works of the top-m cohort (the module's rule), their value and their token sum;
+    `value` is that of its unpacked works."""
     works = ranked.works[:m]
     c = shape.token_capacity
     spare = shape.batch_capacity * c - ranked.used[m]
     spare_sq = shape.batch_capacity * c * c - ranked.used_sq[m]
     if spare <= 0 or ranked.short >= m:  # no room, or every member's prompt already fits
-        return works, value
+        return works, value, ranked.used[m]
     members, rows = ranked.members[:m], ranked.rows[:m]
     for i, (w, total) in enumerate(zip(rows, ranked.left_list)):
         if spare <= 0:
@@ -144,7 +149,7 @@ def _packed(pool: LanePool, ranked: _Ranked, m: int, shape: GraphShape, value: f
     packed = np.asarray(rows, dtype=np.int64)
     finishes = packed == ranked.left[:m]
     values = np.exp(pool.log_prefill[members]) * packed + np.where(finishes, pool.first_token[members], 0.0)
-    return packed, float(values.sum())
+    return packed, float(values.sum()), sum(rows)
 
 
 def _smaller_reaches_endpoint(shape, shapes, works, to_endpoint) -> bool:

@@ -36,13 +36,18 @@ def derived(sched) -> tuple:
     moving average, recomputes at every call)."""
     version = getattr(sched.costs, "version", None)
     if version is None or version != sched._derived_version or sched._derived_cache is None:
-        est = sched.costs.estimate_ns
+        costs = sched.costs
+        if isinstance(costs, CostTable):
+            estimates = costs.estimates_ns
+        else:
+            estimates = lambda shapes: [costs.estimate_ns(s) for s in shapes]  # noqa: E731
         # Every delivery-bearing family: one visible burst per lane, whatever its width.
-        decode = [(s.batch_capacity, t / 1e6) for s in sched.shapes.delivery if (t := est(s)) is not None]
+        delivery = sched.shapes.delivery
+        decode = [(s.batch_capacity, t / 1e6) for s, t in zip(delivery, estimates(delivery)) if t is not None]
         norm = PHYSICAL
         if sched.policy.phase_normalized:
-            prefill = [(s.token_capacity, t / 1e6) for s in sched.shapes.prefill + sched.shapes.scored_prefill
-                       if (t := est(s)) is not None]
+            prompts = sched.shapes.prefill + sched.shapes.scored_prefill
+            prefill = [(s.token_capacity, t / 1e6) for s, t in zip(prompts, estimates(prompts)) if t is not None]
             norm = reference_normalizers(prefill, decode)
         coeff = sched.coeff
         if sched.policy.fairness_time_scale:
