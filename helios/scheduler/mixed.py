@@ -68,14 +68,15 @@ def _rank_decoders(pool: LanePool, shape) -> _Decoders:
     return _Decoders(order, sums, recent, ceilings)
 
 
-def _best_prompt(pool: LanePool, chunk: int, budget: Budget):
-    """(index, work, value) of the best prompt row that fits the free slots and pages, or None."""
+def _best_prompt(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray):
+    """(index, work, value) of the best prompt row that fits the free slots and pages, or None.
+    `unit`: exp(pool.log_prefill), computed once for every chunk."""
     works = np.minimum(pool.prompt_left, chunk)
     if pool.clip is not None:  # image requests: legal chunk ends only (vision.py)
         works = pool.clip(np.arange(len(works)), works)
     finishes = works == pool.prompt_left
     # Prompt tokens at 1 + f/x, plus one output token when the prompt completes.
-    values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
+    values = unit * works + np.where(finishes, pool.first_token, 0.0)
     for idx in ranked_lanes(values, pool.lru, pool.slots).tolist():
         if works[idx] == 0:
             continue
@@ -92,7 +93,10 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
     if not shapes or (n == 0 and not has_prompts):
         return []
     order, padded_over, chunks, constants = _padding_order(shapes)
-    best_prompt = {c: _best_prompt(prompts, c, budget) for c in chunks} if has_prompts else {}
+    best_prompt = {}
+    if has_prompts:
+        unit = np.exp(prompts.log_prefill)
+        best_prompt = {c: _best_prompt(prompts, c, budget, unit) for c in chunks}
     ranked: dict[tuple[int, int], _Decoders] = {}
     cohorts: dict[tuple[int, int, int], tuple] = {}  # (W, D, m) -> what its decode cohort sums to
     out, pos_seen, t_ms, state, growth = [], -1, None, None, 0.0
