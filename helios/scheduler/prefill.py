@@ -24,7 +24,7 @@ import numpy as np
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidate
-from helios.scheduler.utility import by_identity, prefix_sums, ranked_lanes
+from helios.scheduler.utility import by_identity, ranked_lanes
 
 
 def _feasible_prefix(order: np.ndarray, resident: list, pool_pages: list, limit: int, budget: Budget) -> np.ndarray:
@@ -50,7 +50,7 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
     if n == 0 or not shapes:
         return []
     by_chunk, max_batch = by_identity(_BY_CHUNK, shapes, _chunks, 256)
-    seen: dict[tuple, list[GraphShape]] = {}
+    seen: dict[tuple, set] = {}  # cohort key -> positions of the shapes that served it
     out = []
     # Per call, not per chunk: what every chunk reads lane by lane, and exp of the log prices
     # (the same elementwise values every chunk computed before).
@@ -66,22 +66,20 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
         if pool.clip is not None:
             order = order[works[order] > 0]  # a lane that cannot legally stop within this chunk
         feasible = _feasible_prefix(order, resident, pages, min(max_batch, n), budget)
-        sums = prefix_sums(values[feasible]).tolist()  # the same floats, indexed per shape
+        # Running sums as a list, indexed per shape: add.accumulate is prefix_sums' cumsum, the same floats.
+        sums = [0.0, *np.add.accumulate(values[feasible]).tolist()]
         ranked = _Ranked(pool, feasible, works[feasible])  # per chunk: its shapes take prefixes
-        for shape in chunk_shapes:
+        for pos, shape, dominators in chunk_shapes:
             m = min(shape.batch_capacity, len(feasible))
             if m == 0:
                 continue
             members = feasible[:m]
             packed, value, used = _packed(pool, ranked, m, shape, sums[m])
             key = (tuple(ranked.handles[:m]), tuple(packed.tolist()))
-            same = seen.get(key)
-            if same is None:
-                seen[key] = [shape]
-            elif any(other.dominates(shape) for other in same):
+            same = seen.setdefault(key, set())
+            if not dominators.isdisjoint(same):
                 continue  # redundant padding: same cohort, same logical work, larger shape
-            else:
-                same.append(shape)
+            same.add(pos)
             t_ms, state = costs(shape)
             if pool.stall_bound_ms is not None and t_ms is not None and t_ms > pool.stall_bound_ms:
                 continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
@@ -117,11 +115,14 @@ _BY_CHUNK: dict[int, tuple] = {}  # shape tuple -> _chunks' result (utility.by_i
 
 
 def _chunks(shapes) -> tuple:
-    """((chunk, its shapes by batch capacity), ...) in chunk order, and the largest batch: static."""
-    by_chunk: dict[int, list[GraphShape]] = {}
-    for s in shapes:
-        by_chunk.setdefault(s.token_capacity, []).append(s)
-    return (tuple((c, tuple(sorted(by_chunk[c], key=lambda s: s.batch_capacity))) for c in sorted(by_chunk)),
+    """((chunk, its (position, shape, positions of the shapes that dominate it) by batch
+    capacity), ...) in chunk order, and the largest batch: static, so the padding check is a set
+    test instead of pairwise comparisons per decision."""
+    by_chunk: dict[int, list] = {}
+    for i, s in enumerate(shapes):
+        dominators = frozenset(j for j, other in enumerate(shapes) if other.dominates(s))
+        by_chunk.setdefault(s.token_capacity, []).append((i, s, dominators))
+    return (tuple((c, tuple(sorted(by_chunk[c], key=lambda e: e[1].batch_capacity))) for c in sorted(by_chunk)),
             max(s.batch_capacity for s in shapes))
 
 
