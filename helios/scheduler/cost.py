@@ -95,6 +95,16 @@ class CostTable:
         e = self._get(shape)
         return e.estimate_ns if e is not None and e.estimate_ns > 0 else None
 
+    def estimates_ns(self, shapes) -> list[int | None]:
+        """`estimate_ns` of each shape, with the identity cache inlined: the derived values
+        (selection.derived) read every loaded shape again whenever the version moves."""
+        by_id, get, out = self._by_id, self._get, []
+        for shape in shapes:
+            hit = by_id.get(id(shape))
+            e = hit[1] if hit is not None and hit[0] is shape else get(shape)
+            out.append(e.estimate_ns if e is not None and e.estimate_ns > 0 else None)
+        return out
+
     def last_valid_ns(self, shape: GraphShape) -> int | None:
         e = self._get(shape)
         return None if e is None else e.last_valid_ns

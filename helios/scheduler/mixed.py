@@ -23,7 +23,6 @@ the decode rows as `decode_lanes` (W = 1) or `speculative_lanes` (W > 1) build t
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from functools import lru_cache
 from operator import neg
 
 import numpy as np
@@ -35,7 +34,7 @@ from helios.scheduler.plan import PlanLanes
 from helios.scheduler.policy import Budget, Candidate, LanePool
 from helios.scheduler.rounds import _ceilings, _gains
 from helios.scheduler.speculation import expected_output
-from helios.scheduler.utility import by_identity, ranked_lanes, rate_score, served_cost, stall_cost
+from helios.scheduler.utility import by_identity, ranked_lanes, rate_score, served_cost, stall_growth
 
 
 @dataclass(slots=True)
@@ -69,14 +68,15 @@ def _rank_decoders(pool: LanePool, shape) -> _Decoders:
     return _Decoders(order, sums, recent, ceilings)
 
 
-def _best_prompt(pool: LanePool, chunk: int, budget: Budget):
-    """(index, work, value) of the best prompt row that fits the free slots and pages, or None."""
+def _best_prompt(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray):
+    """(index, work, value) of the best prompt row that fits the free slots and pages, or None.
+    `unit`: exp(pool.log_prefill), computed once for every chunk."""
     works = np.minimum(pool.prompt_left, chunk)
     if pool.clip is not None:  # image requests: legal chunk ends only (vision.py)
         works = pool.clip(np.arange(len(works)), works)
     finishes = works == pool.prompt_left
     # Prompt tokens at 1 + f/x, plus one output token when the prompt completes.
-    values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
+    values = unit * works + np.where(finishes, pool.first_token, 0.0)
     for idx in ranked_lanes(values, pool.lru, pool.slots).tolist():
         if works[idx] == 0:
             continue
@@ -92,73 +92,108 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
     has_prompts = prompts is not None and len(prompts.handles) > 0
     if not shapes or (n == 0 and not has_prompts):
         return []
+    order, padded_over, chunks, constants = _padding_order(shapes)
+    best_prompt = {}
+    if has_prompts:
+        unit = np.exp(prompts.log_prefill)
+        best_prompt = {c: _best_prompt(prompts, c, budget, unit) for c in chunks}
     ranked: dict[tuple[int, int], _Decoders] = {}
-    best_prompt: dict[int, tuple | None] = {}
-    seen: dict[tuple, set] = {}  # cohort key -> positions of the shapes that served it
-    out = []
-    order, padded_over = _padding_order(shapes)
-    for pos, shape in enumerate(order):
-        dec = ranked.get((shape.token_capacity, shape.proposal_depth))
+    cohorts: dict[tuple[int, int, int], tuple] = {}  # (W, D, m) -> what its decode cohort sums to
+    out, pos_seen, t_ms, state, growth = [], -1, None, None, 0.0
+    for pos, c, m in _survivors(shapes, order, padded_over, chunks, n, best_prompt):
+        shape = order[pos]
+        if pos != pos_seen:  # one estimate per shape, asked in shape order as before
+            pos_seen, (t_ms, state) = pos, costs(shape)
+            growth = 0.0 if t_ms is None or decode.stall_total <= 0.0 else stall_growth(t_ms, decode.tau_ms)
+        wd = (shape.token_capacity, shape.proposal_depth)
+        dec = ranked.get(wd)
         if dec is None:
-            dec = ranked[(shape.token_capacity, shape.proposal_depth)] = _rank_decoders(decode, shape)
+            dec = ranked[wd] = _rank_decoders(decode, shape)
+        cohort = cohorts.get((*wd, m))
+        if cohort is None:
+            cohort = cohorts[(*wd, m)] = _cohort(decode, dec, m, shape.token_capacity)
+        out.append(_candidate(shape, decode, prompts, cohort, None if c is None else best_prompt[c], m,
+                              t_ms, state, waiting, growth, constants[pos]))
+    return out
+
+
+def _survivors(shapes, order, padded_over, chunks, n: int, best_prompt: dict) -> tuple:
+    """(position, prompt chunk or None, m) of every cohort that is not padding, in shape order.
+
+    Which cohorts survive depends only on the shapes, n, and which chunks have a best prompt row
+    and which of those rows are the same (index, work): not on values or durations. So the
+    pruning walk runs once per such pattern and the decision only builds the survivors."""
+    rows = [None if best_prompt.get(c) is None else best_prompt[c][:2] for c in chunks]
+    pattern = tuple(None if r is None else rows.index(r) for r in rows)
+    key = (id(shapes), n, pattern)
+    hit = _SURVIVORS.get(key)
+    if hit is not None and hit[0] is shapes:
+        return hit[1]
+    label = dict(zip(chunks, pattern))
+    seen: dict[tuple, set] = {}  # cohort key -> positions of the shapes that served it
+    found = []
+    for pos, shape in enumerate(order):
         b, c = shape.batch_capacity, shape.prefill_capacity
         options = []
         if n:
             options.append((None, min(b, n)))
-        if has_prompts:
-            if c not in best_prompt:
-                best_prompt[c] = _best_prompt(prompts, c, budget)
-            if best_prompt[c] is not None:
-                options.append((best_prompt[c], min(b - 1, n)))
-        t_ms, state = None, None
+        if label.get(c) is not None:
+            options.append((c, min(b - 1, n)))
         for prompt, m in options:
             # Cohorts of one (W, D) are prefixes of one ranking with fixed prefixes, so (W, D, m)
-            # names the decode cohort and its prefixes; the prompt row is named by index and work.
-            key = (shape.token_capacity, shape.proposal_depth, m, None if prompt is None else prompt[:2])
-            same = seen.setdefault(key, set())
+            # names the decode cohort and its prefixes; the prompt row is named by index and work
+            # (here by the first chunk whose best row has the same index and work).
+            same = seen.setdefault((shape.token_capacity, shape.proposal_depth, m,
+                                    None if prompt is None else label[prompt]), set())
             if not padded_over[pos].isdisjoint(same):
                 continue  # same cohort, prefixes, prompt row and prompt work: padding only
             same.add(pos)
-            if state is None:
-                t_ms, state = costs(shape)
-            rows = None if dec.ceilings is None else dec.ceilings[dec.order[:m]]
-            out.append(_candidate(shape, decode, prompts, dec, prompt, m, rows, t_ms, state, waiting))
-    return out
+            found.append((pos, prompt, m))
+    if len(_SURVIVORS) >= 4096:
+        _SURVIVORS.clear()
+    _SURVIVORS[key] = (shapes, tuple(found))  # keeps `shapes` alive: its id is not reused
+    return _SURVIVORS[key][1]
 
 
-def _candidate(shape, decode, prompts, dec: _Decoders, prompt, m, rows, t_ms, state: CostState,
-               waiting) -> MixedCandidate:
+_SURVIVORS: dict[tuple, tuple] = {}
+
+
+def _cohort(decode: LanePool, dec: _Decoders, m: int, width: int) -> tuple:
+    """(members, rows, value, lru, served stall, decode tokens) of the top m decoders of one
+    (W, D): shared by every shape and prompt row with that cohort."""
     members = dec.order[:m]
-    value = dec.sums[m]
-    lru = dec.recent[m - 1] if m else 0
+    rows = None if dec.ceilings is None else dec.ceilings[members]
+    served_stall = float(decode.stall[members].sum()) if decode.stall is not None and m else 0.0
+    used = m * width if rows is None else sum(rows.tolist())
+    return members, rows, dec.sums[m], dec.recent[m - 1] if m else 0, served_stall, used
+
+
+def _candidate(shape, decode, prompts, cohort: tuple, prompt, m, t_ms, state: CostState, waiting,
+               growth: float, constants: tuple) -> MixedCandidate:
+    """`growth`: stall_growth(t_ms, tau) of this shape; `constants`: its extent and tie-break."""
+    members, rows, value, lru, served_stall, used = cohort
     work, pvalue, pidx = 0, 0.0, None
     if prompt is not None:
         pidx, work, pvalue = prompt
         value += pvalue
         lru = max(lru, int(prompts.lru[pidx]))
-    c = MixedCandidate(shape, members, _NO_WORK[:m], value, decode.age_slope * m, t_ms, state,
-                       prompt=pidx, prompt_work=work, prompt_value=pvalue)
-    c.rows = rows
-    c.ceilings = rows
+    slope = decode.age_slope * m
     # An unknown duration ranks by expected useful value alone (optimistic work score).
-    c.score = c.value if t_ms is None else rate_score(c.value, c.slope, t_ms, waiting)
+    score = value if t_ms is None else rate_score(value, slope, t_ms, waiting)
     if t_ms is not None and decode.stall_total > 0.0:
         # Priced stalls (docs/scheduling-utility.md): the decoders this graph leaves out owe the
-        # growth of their prices over T; a prompt row serves no decoder.
-        served_stall = float(decode.stall[members].sum()) if decode.stall is not None and m else 0.0
-        c.score -= stall_cost(decode.stall_total - served_stall, t_ms, decode.tau_ms)
+        # growth of their prices over T (utility.stall_cost); a prompt row serves no decoder.
+        score -= (decode.stall_total - served_stall) * growth / t_ms
         if decode.steps is not None and m:
             # The decoders it serves wait past their own decode step for their token: for that
             # excess they are stalled, and owe the same growth (utility.served_cost).
-            c.score -= served_cost(served_stall, t_ms, decode.steps[m], decode.tau_ms)
-    c.lru = lru
-    served = m + (prompt is not None)
-    used = work + (m * shape.token_capacity if rows is None else sum(rows.tolist()))
-    extent, order = _constants(shape)
-    c.padding = extent - used
+            score -= served_cost(served_stall, t_ms, decode.steps[m], decode.tau_ms)
+    extent, order = constants
+    padding = extent - (work + used)
     # The same tie-break order as every other candidate (policy.finish_candidate).
-    c.key = (t_ms is None, c.score, -(t_ms or 0.0), served, -c.lru, -c.padding, order)
-    return c
+    key = (t_ms is None, score, -(t_ms or 0.0), m + (prompt is not None), -lru, -padding, order)
+    return MixedCandidate(shape, members, _NO_WORK[:m], value, slope, t_ms, state, score, lru, padding, key,
+                          rows, rows, prompt=pidx, prompt_work=work, prompt_value=pvalue)
 
 
 _ORDERS: dict[int, tuple] = {}  # shape tuple -> _padding_order's result (utility.by_identity)
@@ -166,18 +201,15 @@ _ORDERS: dict[int, tuple] = {}  # shape tuple -> _padding_order's result (utilit
 
 def _padding_order(shapes) -> tuple:
     """The shapes sorted by capacities (a dominating, padded shape always comes after the one it
-    pads), and for each position the positions of the shapes it is padding over (those that
-    dominate it): static, so computed once per shape tuple instead of pairwise per decision."""
+    pads), for each position the positions of the shapes it is padding over (those that
+    dominate it), the distinct prompt chunks, and each shape's packed extent and tie-break
+    tuple: static, so computed once per shape tuple instead of pairwise per decision."""
     def build(shapes):
         order = tuple(sorted(shapes, key=lambda s: s.capacities()))
-        return order, [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order]
+        return (order, [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order],
+                tuple(sorted({s.prefill_capacity for s in order})),
+                [(s.max_packed_extent, tuple(map(neg, s.capacities()))) for s in order])
     return by_identity(_ORDERS, shapes, build, 64)
-
-
-@lru_cache(maxsize=1024)
-def _constants(shape) -> tuple[int, tuple]:
-    """A shape's packed extent and its tie-break tuple, computed once per shape."""
-    return shape.max_packed_extent, tuple(map(neg, shape.capacities()))
 
 
 _NO_WORK = np.zeros(64, dtype=np.int64)  # decode rows consume no prompt (at most 64 rows)

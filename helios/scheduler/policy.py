@@ -3,20 +3,8 @@
 Every loaded physical capacity competes. For each shape the cohort is a prefix of the lanes
 ranked by additive value (the duration does not depend on membership), padded shapes that
 serve the same cohort with the same logical work are discarded, and the winner maximizes
-the value rate with the spec's tie-break order.
-
-Packed prefill rows. A prefill graph B x C holds B rows and B x C prompt tokens in all; its rows
-are packed by prefix sums of their own lengths (as the mixed contract packs), so a row pays for
-its own tokens, not for C. The rule: the cohort is the top B lanes (feasible under free slots and
-pages) ranked by their value at work min(prompt_left, C); each member first gets
-min(prompt_left, C); the capacity the cohort leaves unused then goes to the members in that rank
-order, each taking as much of its remaining prompt as fits two bounds of the graph's measured
-full occupancy: the token sum stays <= B x C (token-parallel work) and the sum of squared row
-lengths stays <= B x C^2 (causal attention work), so a packed graph never does more work than
-the full-occupancy runs its cost estimate comes from. Every row consumes >= 1 token, a row
-exceeds C only with capacity the others leave unused, and a single-row graph is unchanged. The
-engine's contract: a prefill plan has at most B lanes, each with prompt_tokens >= 1, summing to
-at most B x C.
+the value rate with the spec's tie-break order. Prefill candidates (packed rows) are in
+prefill.py.
 """
 
 from __future__ import annotations
@@ -32,7 +20,7 @@ import numpy as np
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.utility import (
-    by_identity, count_nonzero, prefix_sums, ranked_lanes, rate_score, stall_cost, stall_growth,
+    by_identity, ranked_lanes, rate_score, stall_cost, stall_growth,
 )
 
 
@@ -140,8 +128,10 @@ def _cohorts(shapes, n: int) -> tuple:
     return hit[1]
 
 
-def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None) -> Candidate:
-    """`lru`: the members' most recent service, when the caller already knows it."""
+def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None,
+                     used: int | None = None) -> Candidate:
+    """`lru`: the members' most recent service, `used`: the tokens of its rows (prefill), when
+    the caller already knows them."""
     n = len(c.members)
     is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
     if c.t_ms is None:
@@ -153,12 +143,13 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
             served = float(_sum(pool.stall[c.members])) if pool.stall is not None and n else 0.0
             c.score -= stall_cost(pool.stall_total - served, c.t_ms, pool.tau_ms)
     c.lru = lru if lru is not None else max(pool.lru[c.members].tolist()) if n else 0
-    if is_prefill:
-        used = sum(c.works.tolist())  # int sums on lists: cheaper than a numpy reduction here
-    elif c.rows is not None:
-        used = sum(c.rows.tolist())
-    else:
-        used = n * token_capacity
+    if used is None:
+        if is_prefill:
+            used = sum(c.works.tolist())  # int sums on lists: cheaper than a numpy reduction here
+        elif c.rows is not None:
+            used = sum(c.rows.tolist())
+        else:
+            used = n * token_capacity
     c.padding = target_capacity - used
     # Unknown first; then value (rate); then shorter known time, more requests served,
     # less recently used requests, smaller padding; finally a stable shape order.
@@ -241,114 +232,6 @@ def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
             stall_sums = [0.0, *accumulate(np.sort(pool.stall)[::-1].tolist())]
         return gain - wait - (total - stall_sums[m]) * growth / t_ms + margin < x
     return below
-
-
-def _feasible_prefix(order: np.ndarray, pool: LanePool, limit: int, budget: Budget) -> np.ndarray:
-    """Greedy best-first cohort that fits the free slots and pages (resident lanes always fit)."""
-    chosen, slots, pages = [], budget.free_slots, budget.free_pages
-    for idx in order:
-        if len(chosen) == limit:
-            break
-        if not pool.resident[idx]:
-            need = int(pool.pages[idx])
-            if slots == 0 or need > pages:
-                continue
-            slots -= 1
-            pages -= need
-        chosen.append(idx)
-    return np.asarray(chosen, dtype=np.int64)
-
-
-def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Budget) -> list[Candidate]:
-    """Each prompt capacity competes with the tokens it can actually consume."""
-    n = len(pool.handles)
-    if n == 0 or not shapes:
-        return []
-    by_chunk: dict[int, list[GraphShape]] = {}
-    for s in shapes:
-        by_chunk.setdefault(s.token_capacity, []).append(s)
-    max_batch = max(s.batch_capacity for s in shapes)
-    seen: dict[tuple, list[GraphShape]] = {}
-    out = []
-    for chunk in sorted(by_chunk):
-        works = np.minimum(pool.prompt_left, chunk)
-        if pool.clip is not None:
-            works = pool.clip(np.arange(n), works)
-        finishes = works == pool.prompt_left
-        # Prompt tokens at 1 + f/x, plus at most one output token when the prompt completes.
-        values = np.exp(pool.log_prefill) * works + np.where(finishes, pool.first_token, 0.0)
-        order = ranked_lanes(values, pool.lru, pool.slots)
-        if pool.clip is not None:
-            order = order[works[order] > 0]  # a lane that cannot legally stop within this chunk
-        feasible = _feasible_prefix(order, pool, min(max_batch, n), budget)
-        sums = prefix_sums(values[feasible])
-        for shape in sorted(by_chunk[chunk], key=lambda s: s.batch_capacity):
-            m = min(shape.batch_capacity, len(feasible))
-            if m == 0:
-                continue
-            members = feasible[:m]
-            packed, value = _packed(pool, members, works[members], shape, float(sums[m]))
-            key = (tuple(pool.handles[members]), tuple(packed.tolist()))
-            if any(other.dominates(shape) for other in seen.get(key, ())):
-                continue  # redundant padding: same cohort, same logical work, larger shape
-            seen.setdefault(key, []).append(shape)
-            t_ms, state = costs(shape)
-            if pool.stall_bound_ms is not None and t_ms is not None and t_ms > pool.stall_bound_ms:
-                continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
-            if state is CostState.UNKNOWN and _smaller_reaches_endpoint(shape, shapes, packed,
-                                                                          pool.to_endpoint[members]):
-                continue
-            c = Candidate(shape, members, packed, value, 0.0, t_ms, state)
-            out.append(finish_candidate(c, pool, waiting))
-    return out
-
-
-def _packed(pool: LanePool, members: np.ndarray, works: np.ndarray, shape: GraphShape, value: float):
-    """Packed works of a cohort (the module's rule) and their value; `value` is that of `works`."""
-    left = pool.prompt_left[members]
-    c = shape.token_capacity
-    rows = works.tolist()
-    spare = shape.batch_capacity * c - sum(rows)
-    spare_sq = shape.batch_capacity * c * c - sum(w * w for w in rows)
-    if spare <= 0 or not count_nonzero(left > works):
-        return works, value
-    for i, (w, total) in enumerate(zip(rows, left.tolist())):
-        if spare <= 0:
-            break
-        # Largest growth that keeps both sums within full occupancy: (w + e)^2 - w^2 <= spare_sq.
-        e = min(total - w, spare, math.isqrt(w * w + spare_sq) - w)
-        if e > 0 and pool.clip is not None:
-            e = int(pool.clip(members[i:i + 1], np.array([w + e]))[0]) - w
-        if e > 0:
-            rows[i] = w + e
-            spare -= e
-            spare_sq -= (w + e) * (w + e) - w * w
-    packed = np.asarray(rows, dtype=np.int64)
-    finishes = packed == left
-    values = np.exp(pool.log_prefill[members]) * packed + np.where(finishes, pool.first_token[members], 0.0)
-    return packed, float(values.sum())
-
-
-def _smaller_reaches_endpoint(shape, shapes, works, to_endpoint) -> bool:
-    """Prefill exploration excludes a larger unmeasured graph when a smaller prepared capacity
-    consumes the same tokens up to the next message or prompt endpoint. Capacities compare by
-    B x C; a smaller graph is credited with rows of at most C tokens (a lone row: as much as the
-    packing rule lets it take)."""
-    reach = np.minimum(works, to_endpoint)
-    n = len(works)
-    for other in shapes:
-        if other.target_capacity >= shape.target_capacity or other.batch_capacity < n:
-            continue
-        limit = _lone_row_limit(other) if n == 1 else other.token_capacity
-        if np.array_equal(np.minimum(np.minimum(works, limit), to_endpoint), reach):
-            return True
-    return False
-
-
-def _lone_row_limit(shape: GraphShape) -> int:
-    """The most tokens one row may take from an otherwise empty prefill graph under packing."""
-    b, c = shape.batch_capacity, shape.token_capacity
-    return min(b * c, math.isqrt(b * c * c))
 
 
 def best(candidates: list[Candidate]) -> Candidate | None:

@@ -18,7 +18,8 @@ from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedbac
 from helios.scheduler.mixed import mixed_candidates, mixed_lanes
 from helios.scheduler.plan import ScheduledPlan, SelectionReason
 from helios.scheduler.planning import PlanningView, build_view
-from helios.scheduler.policy import Budget, best, decode_candidates, prefill_candidates
+from helios.scheduler.policy import Budget, best, decode_candidates
+from helios.scheduler.prefill import prefill_candidates
 from helios.scheduler.prerequisites import (
     restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
 )
@@ -35,17 +36,25 @@ def derived(sched) -> tuple:
     moving average, recomputes at every call)."""
     version = getattr(sched.costs, "version", None)
     if version is None or version != sched._derived_version or sched._derived_cache is None:
-        est = sched.costs.estimate_ns
+        costs = sched.costs
+        if isinstance(costs, CostTable):
+            estimates = costs.estimates_ns
+        else:
+            estimates = lambda shapes: [costs.estimate_ns(s) for s in shapes]  # noqa: E731
         # Every delivery-bearing family: one visible burst per lane, whatever its width.
-        decode = [(s.batch_capacity, t / 1e6) for s in sched.shapes.delivery if (t := est(s)) is not None]
+        delivery = sched.shapes.delivery
+        decode = [(s.batch_capacity, t / 1e6) for s, t in zip(delivery, estimates(delivery)) if t is not None]
         norm = PHYSICAL
         if sched.policy.phase_normalized:
-            prefill = [(s.token_capacity, t / 1e6) for s in sched.shapes.prefill + sched.shapes.scored_prefill
-                       if (t := est(s)) is not None]
+            prompts = sched.shapes.prefill + sched.shapes.scored_prefill
+            prefill = [(s.token_capacity, t / 1e6) for s, t in zip(prompts, estimates(prompts)) if t is not None]
             norm = reference_normalizers(prefill, decode)
         coeff = sched.coeff
         if sched.policy.fairness_time_scale:
-            coeff = coeff.time_scaled(reference_normalizers((), decode).log_decode)
+            # The decode reference alone: what `norm` already holds when phase-normalized (the same
+            # maximum over the same list), so it is not computed twice.
+            log_decode = norm.log_decode if sched.policy.phase_normalized else reference_normalizers((), decode).log_decode
+            coeff = coeff.time_scaled(log_decode)
         sched._derived_cache, sched._derived_version = (DecodeReference(decode), norm, coeff), version
     return sched._derived_cache
 

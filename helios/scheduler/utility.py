@@ -74,13 +74,15 @@ class DecodeReference:
         fastest: dict[int, float] = {}
         for b, ms in self.costs:
             fastest[b] = min(fastest.get(b, ms), ms)
-        caps = sorted(fastest, reverse=True)
-        steps, best, i = [None] * 65, None, 0
-        for m in range(64, -1, -1):
-            while i < len(caps) and caps[i] >= m:
-                best = fastest[caps[i]] if best is None else min(best, fastest[caps[i]])
-                i += 1
-            steps[m] = best
+        # Each capacity, largest first, fills the counts above it (up to the previous one) with
+        # the minimum over the larger capacities, then joins that minimum.
+        steps, best, upper = [None] * 65, None, 64
+        for cap in sorted(fastest, reverse=True):
+            if cap < upper:
+                steps[cap + 1:upper + 1] = [best] * (upper - cap)
+                upper = cap
+            best = fastest[cap] if best is None else min(best, fastest[cap])
+        steps[:upper + 1] = [best] * (upper + 1)
         self.steps = tuple(steps)
         self._sigma: dict[int, float | None] = {}
 

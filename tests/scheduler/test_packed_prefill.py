@@ -1,4 +1,4 @@
-"""Packed prefill rows (helios.scheduler.policy): rows of a multi-row prefill graph pack by
+"""Packed prefill rows (helios.scheduler.prefill): rows of a multi-row prefill graph pack by
 prefix sums of their own lengths within B x C, the engine's contract for prefill plans."""
 
 import math

@@ -5,7 +5,7 @@ highest additive lane values. We check that claim, and the whole decision, by en
 every shape and every request subset and scoring each with the spec's objective written out
 independently here.
 
-Multi-row prefill graphs pack their rows (helios.scheduler.policy): a row may take capacity the
+Multi-row prefill graphs pack their rows (helios.scheduler.prefill): a row may take capacity the
 others leave unused, so its value depends on the cohort. There the enumeration brackets the
 decision: at least the best cohort with rows capped at C (packing never loses value), at most
 the best over every subset and every order of handing out the unused capacity.

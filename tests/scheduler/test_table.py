@@ -8,7 +8,8 @@ from helios.errors import HeliosError, InvalidRequest
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler import ExecutionTiming, Lane, ScheduledPlan, Scheduler, SelectionReason
 from helios.scheduler.plan import NO_SLOT, PlanLanes
-from helios.scheduler.policy import Budget, LanePool, prefill_candidates
+from helios.scheduler.policy import Budget, LanePool
+from helios.scheduler.prefill import prefill_candidates
 from helios.scheduler.requests import RequestTable
 
 from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, records_for, spec, step
