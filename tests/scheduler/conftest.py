@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import strategies as st
 
 from helios.config import PolicyConfig, SchedulerConfig
+from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.runtime.driver import SyncDriver
 from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
 
 MS = 1_000_000
@@ -111,6 +115,21 @@ def drain(s: Scheduler, fence: int = 0, eos=()):
     return log, fence
 
 
+def cancel_pick(d, handles, pick: int) -> None:
+    """A random-operation test's cancel: the picked request, unless it already finished."""
+    if handles:
+        h = handles[pick % len(handles)]
+        if d.requests[h].finish is None:
+            d.cancel(h)
+
+
+def assert_all_ended(sched: Scheduler, d, handles, slots: int) -> None:
+    """After a driver ran out of work: no request lost or still live, every slot and page back."""
+    assert all(d.requests[h].finish is not None for h in handles)  # no lost request
+    assert not any(sched.is_live(h) for h in handles)
+    assert sched.resources.free_slots == slots and sched.resources.free_pages == sched.resources.total_pages
+
+
 def with_states(table: dict, states, policy) -> Scheduler:
     """A measured scheduler at t = 1 s holding one request per REQUEST_STATE, set directly in the table."""
     s = make(table, policy=policy)
@@ -161,3 +180,14 @@ def digest(s: Scheduler):
 @pytest.fixture
 def ms():
     return MS
+
+
+def sim_driver(table: dict, seed: int = 0, slots: int = 2):
+    """A scheduler with `table` measured, and a synchronous driver over SimCore on a clock that
+    moves 1 ms per reading."""
+    catalog = Catalog(table)
+    core = SimCore(catalog, FixedCosts(table), seed=seed, request_slots=slots)
+    sched = Scheduler(catalog, PolicyConfig(), SchedulerConfig(request_slots=slots))
+    sched.seed_costs({sh: [int(ms * MS)] for sh, ms in table.items()}, 0)
+    clock = itertools.count(0, MS)
+    return sched, SyncDriver(sched, core, clock=lambda: next(clock))

@@ -5,18 +5,15 @@ admission and cancellation lose no request and leak nothing."""
 
 from __future__ import annotations
 
-import itertools
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helios.config import PolicyConfig, SchedulerConfig
-from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
-from helios.runtime.driver import SyncDriver
 from helios.scheduler import Scheduler
 from helios.scheduler.anchors import AnchorCuts, tiled_ms
 
-from tests.scheduler.conftest import MS, FixedCosts, decode, drain, make, prefill, spec, step
+from tests.scheduler.conftest import MS, FixedCosts, assert_all_ended, cancel_pick, decode, drain, make, prefill, sim_driver, spec, step
 
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
 # One-row prefill: 64 tokens in 30 ms, 256 in 80 ms (the cheaper per token); snapshot 2 ms.
@@ -139,21 +136,13 @@ def test_baselines_never_cut():
 
 
 # ---- invariants under random admission and cancellation ------------------------------------
-def sim_driver(seed: int, slots: int):
-    catalog = Catalog(TABLE)
-    core = SimCore(catalog, FixedCosts(TABLE), seed=seed, request_slots=slots)
-    sched = Scheduler(catalog, PolicyConfig(), SchedulerConfig(request_slots=slots))
-    sched.seed_costs({sh: [int(ms * MS)] for sh, ms in TABLE.items()}, 0)
-    clock = itertools.count(0, MS)
-    return sched, SyncDriver(sched, core, clock=lambda: next(clock))
-
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.sampled_from(["admit", "admit", "cancel", "step", "step"]),
                           st.integers(0, 7), st.integers(1, 400)), min_size=1, max_size=40),
        st.integers(0, 3))
 def test_no_lost_request_and_no_leak_with_anchor_cuts(ops, seed):
-    sched, d = sim_driver(seed, slots=3)
+    sched, d = sim_driver(TABLE, seed, slots=3)
     handles, ends_of = [], {}
     for op, pick, n in ops:
         if op == "admit":
@@ -162,16 +151,12 @@ def test_no_lost_request_and_no_leak_with_anchor_cuts(ops, seed):
             ends = ends if pick % 4 else ()
             handles.append(d.submit(range(prompt), 1 + n % 5, ends, output_len=n % 4 + 1))
             ends_of[handles[-1]] = ends + (prompt,)
-        elif op == "cancel" and handles:
-            h = handles[pick % len(handles)]
-            if d.requests[h].finish is None:
-                d.cancel(h)
+        elif op == "cancel":
+            cancel_pick(d, handles, pick)
         else:
             d.step()
     d.run()
-    assert all(d.requests[h].finish is not None for h in handles)  # no lost request
-    assert not any(sched.is_live(h) for h in handles)
-    assert sched.resources.free_slots == 3 and sched.resources.free_pages == sched.resources.total_pages
+    assert_all_ended(sched, d, handles, slots=3)
     assert not sched.anchors.requests and not sched.state.captures and not sched.state.restoring
     # Every anchor snapshot copied exactly one of its request's endpoints or its prompt end, once,
     # and only requests with endpoints were cut.

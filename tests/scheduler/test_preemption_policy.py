@@ -18,7 +18,7 @@ from helios.prepare import Capacities
 from helios.runtime.driver import SyncDriver
 from helios.scheduler import FinishReason, Scheduler
 
-from tests.scheduler.conftest import MS, FixedCosts
+from tests.scheduler.conftest import MS, FixedCosts, cancel_pick
 from tests.scheduler.test_state_operations import TABLE
 
 ON = PreemptionConfig(PreemptionPolicy.PRICE, quantum_ms=20.0)
@@ -273,10 +273,8 @@ def test_no_lost_request_leak_or_starvation_with_preemption(ops, ratio, quantum,
             ends = (4, 8 + n // 2) if conversations else ()
             handles.append(d.submit(prompt(n, 10 + n), out, ends, output_len=out))
             want[handles[-1]] = out
-        elif op == "cancel" and handles:
-            h = handles[pick % len(handles)]
-            if d.requests[h].finish is None:
-                d.cancel(h)
+        elif op == "cancel":
+            cancel_pick(d, handles, pick)
         else:
             d.step()
     d.run()  # raises StalledDriver if anything could never run again

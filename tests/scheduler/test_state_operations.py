@@ -3,7 +3,6 @@ hand-stepped virtual clock): values, ordering, resource ownership and no lost re
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -13,10 +12,9 @@ from helios.baselines import make_scheduler
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
-from helios.runtime.driver import SyncDriver
 from helios.scheduler import FinishReason, Scheduler
 
-from tests.scheduler.conftest import MS, FixedCosts, decode, drain, make, prefill, spec, step
+from tests.scheduler.conftest import MS, FixedCosts, assert_all_ended, cancel_pick, decode, drain, make, prefill, sim_driver, spec, step
 
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
 TABLE = {decode(1): 10, decode(4): 14, prefill(64): 30, prefill(64, 4): 60, prefill(256): 80, SNAP: 2, REST: 3}
@@ -111,22 +109,14 @@ def test_baselines_never_hold_captures_or_await_restores():
 
 
 # ---- preemption on SimCore -----------------------------------------------------------------
-def sim_driver(seed=0, slots=2):
-    catalog = Catalog(TABLE)
-    core = SimCore(catalog, FixedCosts(TABLE), seed=seed, request_slots=slots)
-    sched = Scheduler(catalog, PolicyConfig(), SchedulerConfig(request_slots=slots))
-    sched.seed_costs({sh: [int(ms * MS)] for sh, ms in TABLE.items()}, 0)
-    clock = itertools.count(0, MS)
-    return sched, SyncDriver(sched, core, clock=lambda: next(clock))
-
 
 def test_preemption_resumes_with_nothing_lost_on_simcore():
     # Uninterrupted reference: EOS after 12 outputs.
-    sched, d = sim_driver()
+    sched, d = sim_driver(TABLE)
     h = d.submit(range(80), 20, (30,), output_len=12)
     d.run()
     reference = d.requests[h]
-    sched, d = sim_driver()
+    sched, d = sim_driver(TABLE)
     h = d.submit(range(80), 20, (30,), output_len=12)
     for _ in range(5):
         d.step()
@@ -152,17 +142,15 @@ def test_preemption_resumes_with_nothing_lost_on_simcore():
                           st.integers(0, 7), st.integers(1, 40)), min_size=1, max_size=40),
        st.integers(0, 3))
 def test_no_leaked_slots_pages_or_lost_requests(ops, seed):
-    sched, d = sim_driver(seed, slots=3)
+    sched, d = sim_driver(TABLE, seed, slots=3)
     handles = []
     for op, pick, n in ops:
         if op in ("admit", "restore"):
             cached = min(n, 60) if op == "restore" else 0
             handles.append(d.submit(range(70), 1 + n % 9, (30,), output_len=n % 7 + 1) if not cached else
                            _submit_cached(sched, d, cached, n))
-        elif op == "cancel" and handles:
-            h = handles[pick % len(handles)]
-            if d.requests[h].finish is None:
-                d.cancel(h)
+        elif op == "cancel":
+            cancel_pick(d, handles, pick)
         elif op == "preempt" and handles:
             h = handles[pick % len(handles)]
             row = sched.request_row(h) if sched.is_live(h) else None
@@ -171,9 +159,7 @@ def test_no_leaked_slots_pages_or_lost_requests(ops, seed):
         else:
             d.step()
     d.run()
-    assert all(d.requests[h].finish is not None for h in handles)  # no lost request
-    assert not any(sched.is_live(h) for h in handles)
-    assert sched.resources.free_slots == 3 and sched.resources.free_pages == sched.resources.total_pages
+    assert_all_ended(sched, d, handles, slots=3)
     assert not sched.state.captures and not sched.state.restoring and not sched.state.earned_ms
 
 

@@ -17,7 +17,7 @@ from helios.runtime.driver import DriverRequest, SyncDriver
 from helios.scheduler import RequestSpec, Scheduler
 from helios.sim.costmodel import SyntheticCostModel
 
-from tests.scheduler.conftest import MS, make, spec
+from tests.scheduler.conftest import MS, cancel_pick, make, spec
 from tests.scheduler.test_vision_windows import IMAGES, TABLE, _submit, drain, inside
 
 
@@ -96,10 +96,8 @@ def test_random_traffic_leaks_nothing_and_loses_no_request(ops, mixed):
             handles.append(h)
         elif op == "text":
             handles.append(_submit(sched, d, 10 + 7 * n, 1 + n % 9, output_len=n % 5 + 1))
-        elif op == "cancel" and handles:
-            h = handles[pick % len(handles)]
-            if d.requests[h].finish is None:
-                d.cancel(h)
+        elif op == "cancel":
+            cancel_pick(d, handles, pick)
         else:
             d.step()
     d.run()
