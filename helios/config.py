@@ -40,8 +40,11 @@ class PromptRateLaw(Enum):
     is its mean progress toward that token since admission, its starting rate counting as one
     adaptation time and a prompt of P tokens as one output token, x = (x0 tau + p/P) / (tau + W): a
     waiting prompt's price grows linearly, and a partly prefilled one keeps its place; then the EWMA
-    continues from the same rate. UNTIL_SERVED (ablation): the same mean only until the first service.
-    Why neither is the presets' default: docs/scheduling-utility.md §6 (better SLO goodput on the
+    continues from the same rate. FIRST_OUTPUT (an option): the same mean, counting what the user has
+    received, output tokens only, x = (x0 tau + o) / (tau + W): a chunk does not lower a prompt's price,
+    so older prompts keep outranking younger ones through their whole prefill. UNTIL_SERVED (ablation):
+    the PROMPT_PHASE mean only until the first service.
+    Why none is the presets' default: docs/scheduling-utility.md §6 (better SLO goodput on the
     simulated traces with mixed graphs; far later first tokens for a burst of prompts on the CPU server,
     where a prefill graph stalls the decoders for 10-20 tau and a linearly growing price cannot outbid
     that stall's e^(T/tau)).
@@ -50,6 +53,7 @@ class PromptRateLaw(Enum):
     EWMA = "ewma"
     UNTIL_SERVED = "until_served"
     PROMPT_PHASE = "prompt_phase"
+    FIRST_OUTPUT = "first_output"
 
 
 class PreemptionPolicy(Enum):
@@ -109,7 +113,8 @@ class SchedulerPolicy(Enum):
     THROUGHPUT = "throughput"
 
 
-_FLAGS = ("phase_normalized", "stall_pricing", "served_stall_pricing", "gradient_prompt_price", "fairness_time_scale")
+_FLAGS = ("phase_normalized", "stall_pricing", "served_stall_pricing", "deferred_step_pricing", "gradient_prompt_price",
+          "fairness_time_scale")
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +140,10 @@ class PolicyConfig:
     # With stall_pricing, also charge the decoders a mixed graph serves but delays: for the excess
     # of T over the fastest decode step with room for them, they are stalled, and owe that growth.
     served_stall_pricing: bool = True
+    # Score a prefill or mixed graph that leaves active decoders out as the sequence with the
+    # fastest step that serves them: their token is deferred, not free (the machine time it will
+    # still cost counts against the candidate).
+    deferred_step_pricing: bool = True
     # False: the spec's prices, one f/x for prompt and output tokens (x in decode-reference units).
     # True: prompt tokens at the exact gradient of f log x, f/x * r_decode/r_prefill (~0.004 f/x
     # here): fairer in machine shares, slower first tokens (docs/scheduling-utility.md, ablation).

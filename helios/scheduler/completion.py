@@ -245,10 +245,12 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         served = (frame.normalizers.normalized_service(lanes.prompt_tokens, counts) if prompt
                   else 1.0 if checked.single else counts)
         # Rows on the mean-rate law count progress toward their first token instead (service.py).
-        progress = first_token_progress(lanes.prompt_tokens, t.prompt_tokens[rows], counts) if t.mean_law_rows else None
+        law = sched.policy.prompt_rate_law
+        progress = (first_token_progress(lanes.prompt_tokens, t.prompt_tokens[rows], counts,
+                                         law is not PromptRateLaw.FIRST_OUTPUT) if t.mean_law_rows else None)
         account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
                          sched.policy.adaptation_ms, intact,
-                         sched.policy.prompt_rate_law is PromptRateLaw.UNTIL_SERVED, progress)
+                         law is PromptRateLaw.UNTIL_SERVED, progress)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows

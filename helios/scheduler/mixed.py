@@ -159,19 +159,21 @@ _SURVIVORS: dict[tuple, tuple] = {}
 
 
 def _cohort(decode: LanePool, dec: _Decoders, m: int, width: int) -> tuple:
-    """(members, rows, value, lru, served stall, decode tokens) of the top m decoders of one
-    (W, D): shared by every shape and prompt row with that cohort."""
+    """(members, rows, value, lru, served stall, decode tokens, served base) of the top m decoders
+    of one (W, D): shared by every shape and prompt row with that cohort."""
     members = dec.order[:m]
     rows = None if dec.ceilings is None else dec.ceilings[members]
     served_stall = float(decode.stall[members].sum()) if decode.stall is not None and m else 0.0
     used = m * width if rows is None else sum(rows.tolist())
-    return members, rows, dec.sums[m], dec.recent[m - 1] if m else 0, served_stall, used
+    # Their next-step values alone (without speculative gains): what deferring them would leave out.
+    served_base = float(decode.base[members].sum()) if decode.deferred is not None and m else 0.0
+    return members, rows, dec.sums[m], dec.recent[m - 1] if m else 0, served_stall, used, served_base
 
 
 def _candidate(shape, decode, prompts, cohort: tuple, prompt, m, t_ms, state: CostState, waiting,
                growth: float, constants: tuple) -> MixedCandidate:
     """`growth`: stall_growth(t_ms, tau) of this shape; `constants`: its extent and tie-break."""
-    members, rows, value, lru, served_stall, used = cohort
+    members, rows, value, lru, served_stall, used, served_base = cohort
     work, pvalue, pidx = 0, 0.0, None
     if prompt is not None:
         pidx, work, pvalue = prompt
@@ -179,7 +181,12 @@ def _candidate(shape, decode, prompts, cohort: tuple, prompt, m, t_ms, state: Co
         lru = max(lru, int(prompts.lru[pidx]))
     slope = decode.age_slope * m
     # An unknown duration ranks by expected useful value alone (optimistic work score).
-    score = value if t_ms is None else rate_score(value, slope, t_ms, waiting)
+    if t_ms is None:
+        score = value
+    elif decode.deferred is not None:  # the decoders it leaves out still need their step
+        score = decode.deferred.score(value, slope, t_ms, waiting, m, served_base)
+    else:
+        score = rate_score(value, slope, t_ms, waiting)
     if t_ms is not None and decode.stall_total > 0.0:
         # Priced stalls (docs/scheduling-utility.md): the decoders this graph leaves out owe the
         # growth of their prices over T (utility.stall_cost); a prompt row serves no decoder.

@@ -10,7 +10,7 @@ import numpy as np
 from helios.config import PolicyConfig, PromptRateLaw
 from helios.graphs import GraphKind
 from helios.scheduler.plan import NO_SLOT
-from helios.scheduler.policy import LanePool
+from helios.scheduler.policy import Deferred, LanePool
 from helios.scheduler.queue import ExecutionQueue
 from helios.scheduler.requests import DECODE, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
@@ -37,7 +37,7 @@ class PlanningView:
 
 
 def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float,
-                  until_served: bool = False):
+                  law: PromptRateLaw = PromptRateLaw.EWMA):
     """Copies of the log token/delivery rates of `rows` advanced through every queued frame's
     expected service, and each row's expected delivery time (has, ns) from the queue (None, None
     when the queue is empty).
@@ -78,12 +78,12 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
             progress = np.zeros(n)
             progress[lp[mine]] = first_token_progress(
                 lanes.prompt_tokens[mine], t.prompt_tokens[frame.rows[mine]],
-                lanes.expected_tokens[mine] - lanes.prompt_tokens[mine])
+                lanes.expected_tokens[mine] - lanes.prompt_tokens[mine], law is not PromptRateLaw.FIRST_OUTPUT)
             on = window[p] == window[p]
             m = p[on]
             log_x[m] = mean_rate_log(before[on], window[m], d, progress[m])
             window[m] += d
-            if until_served:
+            if law is PromptRateLaw.UNTIL_SERVED:
                 window[m[progress[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
         log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms)
@@ -100,7 +100,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(
-        t, rows, queue, policy.adaptation_ms, policy.prompt_rate_law is PromptRateLaw.UNTIL_SERVED)
+        t, rows, queue, policy.adaptation_ms, policy.prompt_rate_law)
     phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
     queued_prompt = t.queued_prompt[rows]
     cursor = t.prompt_done[rows] + queued_prompt
@@ -172,6 +172,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         if policy.served_stall_pricing:
             pool.steps = decode.steps
     pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms
+    if policy.deferred_step_pricing and len(base):
+        pool.deferred = Deferred(float(np.add.reduce(base)), len(base), c_sigma, decode.steps)
     if speculation is not None:
         _add_speculation(pool, t, drows, output_value, speculation, policy, max_context)
 
@@ -191,6 +193,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             pages=resources.extent_pages_of(t, prow),
         )
         prompts.stall_total, prompts.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
+        prompts.deferred = pool.deferred
         if policy.stall_bound_ms is not None:
             prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode.costs)
         prefill[kind] = (prompts, prow)

@@ -20,8 +20,28 @@ import numpy as np
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.utility import (
-    by_identity, ranked_lanes, rate_score, stall_cost, stall_growth,
+    by_identity, deferred_rate_score, ranked_lanes, rate_score, stall_cost, stall_growth,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Deferred:
+    """The active decoders' next step, which a candidate that leaves some out defers."""
+
+    value: float  # summed scaled lane values (the decode pool's base)
+    count: int
+    slope: float  # c*sigma per decoder
+    steps: tuple  # steps[m]: the fastest measured delivery-bearing graph with room for m (None: none)
+
+    def score(self, value: float, slope: float, t_ms: float, waiting: float, served: int,
+              served_value: float) -> float:
+        """The candidate's rate score as the sequence with the step serving the rest
+        (utility.deferred_rate_score); its plain rate_score when it serves every decoder."""
+        left = self.count - served
+        if left <= 0:
+            return rate_score(value, slope, t_ms, waiting)
+        step = self.steps[min(left, len(self.steps) - 1)]
+        return deferred_rate_score(value, slope, t_ms, waiting, self.value - served_value, self.slope * left, step)
 
 
 @dataclass(slots=True)
@@ -56,6 +76,10 @@ class LanePool:
     steps: tuple | None = None
     tau_ms: float = 1.0
     stall_bound_ms: float | None = None  # prefill only: the off-by-default duration bound
+    # deferred_step_pricing (docs/scheduling-utility.md section 4): the decode pool's lanes as one
+    # deferred step, on the decode pool and every prompt pool: their summed value, their count,
+    # the age slope each adds, and steps[m] (as above). None when off or no decoder is active.
+    deferred: Deferred | None = None
     # Prefill only, with image requests (vision.py): clip(idx, works) cuts each lane's work to its
     # largest legal chunk end (no split image, no unpopulated window). None: every end is legal.
     clip: object = None
@@ -138,7 +162,10 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
         # Optimistic work score: an unknown duration ranks by expected useful value alone.
         c.score = c.value
     else:
-        c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
+        if is_prefill and pool.deferred is not None:  # a prefill graph serves no decoder
+            c.score = pool.deferred.score(c.value, c.slope, c.t_ms, waiting, 0, 0.0)
+        else:
+            c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
         if pool.stall_total > 0.0:
             served = float(_sum(pool.stall[c.members])) if pool.stall is not None and n else 0.0
             c.score -= stall_cost(pool.stall_total - served, c.t_ms, pool.tau_ms)

@@ -83,9 +83,12 @@ def mean_rate_log(log_rate, window_ms, delta_ms: float, served):
     return np.logaddexp(log_rate + np.log(window_ms), log_served) - np.log(window_ms + delta_ms)
 
 
-def first_token_progress(prompt_tokens, prompt_lengths, outputs):
+def first_token_progress(prompt_tokens, prompt_lengths, outputs, prompt_credit: bool = True):
     """Service on the mean-rate law: progress toward the first output token. A prompt of P tokens is
-    worth one output token, so each of its tokens counts 1/P; output tokens count one each."""
+    worth one output token, so each of its tokens counts 1/P; output tokens count one each. Without
+    `prompt_credit` (PromptRateLaw.FIRST_OUTPUT) only output counts: a chunk delivers nothing."""
+    if not prompt_credit:
+        return np.asarray(outputs, dtype=float) + np.zeros(np.shape(prompt_tokens))
     return np.asarray(prompt_tokens, dtype=float) / prompt_lengths + outputs
 
 

@@ -101,6 +101,23 @@ def rate_score(value: float, served_age_slope: float, t_ms: float, waiting: floa
     return (value + served_age_slope * t_ms) / t_ms - 0.5 * t_ms * waiting
 
 
+def deferred_rate_score(value: float, slope: float, t_ms: float, waiting: float, left_value: float,
+                        left_slope: float, step_ms: float | None) -> float:
+    """rate_score of a candidate followed by the step that serves the decoders it leaves out.
+
+    Their next token is not lost, only deferred: a later graph of at least step_ms (the fastest
+    delivery-bearing graph with room for them) must still produce it. So the candidate is scored
+    as that sequence, (value + left_value) over T + step, instead of as if its T were the only
+    machine time its choice costs. Unmeasured step (None): the plain rate_score.
+    """
+    if step_ms is None:
+        return rate_score(value, slope, t_ms, waiting)
+    # Served lanes earn their age credit at T, the deferred ones at T + step; the common waiting
+    # cost runs over the whole sequence.
+    total = t_ms + step_ms
+    return (value + slope * t_ms + left_value + left_slope * total) / total - 0.5 * total * waiting
+
+
 def stall_growth(t_ms: float, tau_ms: float) -> float:
     """e^(T/tau) - 1: how much an unserved request's fairness and delivery prices grow over T.
 

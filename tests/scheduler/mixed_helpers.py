@@ -4,11 +4,23 @@ from __future__ import annotations
 
 from helios.graphs import GraphKind, GraphShape
 
-from conftest import MS, spec
+from conftest import MS, decode, prefill, spec
 
 
 def mixed(b, c, w=1):
     return GraphShape(GraphKind.MIXED, b, w, w - 1, 0, c)
+
+
+def small_mixed_catalog():
+    """A measured synthetic catalog: a mixed graph costs its prompt chunk plus a little per row."""
+    table = {}
+    for b in (1, 2, 4, 8):
+        table[decode(b)] = 6.0 + 0.1 * b
+    for c in (64, 256, 1024):
+        table[prefill(c)] = 6.0 + 0.02 * c
+        for b in (2, 4, 8):
+            table[mixed(b, c)] = 6.0 + 0.02 * c + 0.1 * b
+    return table
 
 
 def decoders_and_prompts(s, decoders=2, prompts=(), out=50, age_ms=20):

@@ -81,8 +81,18 @@ def objective(s, shape, decoders, prompt, policy):
         step = min(TABLE[d] for d in TABLE if d.kind in DELIVERY and d.batch_capacity >= len(decoders))
         delayed = sum(f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
                       for r in decoders) * math.expm1(max(0.0, t - step) / policy.adaptation_ms) / t
-    return (value / t - t / 2 * policy.decode_age_price * k - stalled * math.expm1(t / policy.adaptation_ms) / t
-            - delayed)
+    score = value / t - t / 2 * policy.decode_age_price * k
+    left = [r for r in active if r.handle not in served]
+    if policy.deferred_step_pricing and shape.kind is not GraphKind.DECODE and left:
+        # Deferred step (docs/scheduling-utility.md, section 4): the decoders a prefill or mixed graph
+        # leaves out are served next by the fastest delivery graph with room for them, so the graph is
+        # scored over T + that step, the deferred decoders valued at its end.
+        steps = [TABLE[d] for d in TABLE if d.kind in DELIVERY and d.batch_capacity >= len(left)]
+        if steps:
+            total = t + min(steps)
+            later = sum(decoder_value(s, r, total, sigma, policy) for r in left)
+            score = (value + later) / total - total / 2 * policy.decode_age_price * k
+    return score - stalled * math.expm1(t / policy.adaptation_ms) / t - delayed
 
 
 def cohorts(shape, decoders, prompts):
@@ -121,7 +131,8 @@ def build(states, policy):
 @settings(max_examples=200, deadline=None)
 @given(st.lists(REQUEST_STATE, min_size=1, max_size=6),
        st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0), PolicyConfig(token_fairness=0.0),
-                        PolicyConfig(fairness_time_scale=True), PolicyConfig(served_stall_pricing=False)]))
+                        PolicyConfig(fairness_time_scale=True), PolicyConfig(served_stall_pricing=False),
+                        PolicyConfig(deferred_step_pricing=False)]))
 def test_every_legal_mixed_cohort_against_exhaustive_enumeration(states, policy):
     s = build(states, policy)
     p = s.plan()

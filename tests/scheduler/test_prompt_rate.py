@@ -26,6 +26,7 @@ TAU = 100.0
 TABLE = {decode(1): 10.0, decode(2): 11.0, decode(4): 12.0, prefill(64): 8.0, prefill(256): 20.0}
 MEAN = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
 UNTIL = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
+FIRST = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.FIRST_OUTPUT)
 
 
 @settings(deadline=None, max_examples=60)
@@ -105,6 +106,46 @@ def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
     assert s.request_row(h).log_x == pytest.approx(float(ewma_log(entered, ms, served, TAU)), rel=1e-9)
 
 
+def test_on_first_output_only_the_first_token_counts_so_chunks_never_lower_the_price():
+    """FIRST_OUTPUT: x = (x0 tau + o) / (tau + W). Through the prefill the price grows exactly as an unserved
+    prompt's, chunks or not; the interval that finishes the prompt counts its first token; then the EWMA."""
+    s, d, h = _prompt_behind_two_streams(FIRST, (40.0, 100.0))
+    mass, elapsed = math.exp(s.request_row(h).log_x) * TAU, TAU
+    chunks = 0
+    while s.request_row(h).phase.value == PREFILL:
+        before = s.request_row(h).log_x
+        ms, progress, _ = _step(s, d, h)
+        chunks += progress > 0
+        first = s.request_row(h).phase.value == DECODE  # this frame published the first token
+        mass, elapsed = mass + (1.0 if first else 0.0), elapsed + ms
+        assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
+        if not first:
+            assert s.request_row(h).log_x < before  # a chunk lowered nothing: the price kept growing
+    assert chunks >= 2  # several chunks, none of them counted
+    entered = s.request_row(h).log_x
+    ms, _, served = _step(s, d, h)
+    assert s.request_row(h).log_x == pytest.approx(float(ewma_log(entered, ms, served, TAU)), rel=1e-9)
+
+
+@pytest.mark.parametrize("policy, chunk_lowers_price", [(FIRST, False), (MEAN, True)], ids=["first_output", "prompt_phase"])
+def test_on_first_output_a_chunk_does_not_demote_a_prompt_below_its_twin(policy, chunk_lowers_price):
+    """The PROMPT_PHASE behaviour FIRST_OUTPUT removes: two prompts admitted together, one served a chunk
+    (batch-1 prefill graphs only), the other not. On PROMPT_PHASE the served one's credited progress lowers
+    its price below its twin's; on FIRST_OUTPUT their prices stay equal."""
+    s = make(TABLE, policy=policy)
+    d = Driver(s, FixedCosts(TABLE))
+    a, b = (s.admit(spec(prompt=3000, out=8), 0) for _ in range(2))
+    d.run_one()
+    served = [h for h in (a, b) if s.request_row(h).prompt_done > 0]
+    assert len(served) == 1
+    other = b if served[0] == a else a
+    x_served, x_other = s.request_row(served[0]).log_x, s.request_row(other).log_x
+    if chunk_lowers_price:
+        assert x_served > x_other  # higher rate: lower price f/x
+    else:
+        assert x_served == pytest.approx(x_other, rel=1e-12)
+
+
 def test_the_phase_transition_itself_moves_no_price_on_the_mean_law():
     """The interval that finishes the prompt is counted on the mean law (chunk and first token);
     leaving the prompt phase then changes nothing until the next actual service."""
@@ -177,7 +218,7 @@ def test_a_mean_until_served_lasts_until_the_first_chunk_then_the_ewma():
         assert s.request_row(h).log_x == pytest.approx(float(ewma_log(before, ms, served, TAU)), rel=1e-9)
 
 
-@pytest.mark.parametrize("policy", [MEAN, UNTIL], ids=["prompt_phase", "until_served"])
+@pytest.mark.parametrize("policy", [MEAN, UNTIL, FIRST], ids=["prompt_phase", "until_served", "first_output"])
 def test_a_cancelled_or_finished_prompt_leaves_no_row_on_the_mean_law(policy):
     s = make(TABLE, policy=policy)
     d = Driver(s, FixedCosts(TABLE))

@@ -71,7 +71,20 @@ def objective(s, shape, subset, policy, works=None):
         for r in active:
             if r.handle not in served:
                 stalled += f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
-    return value / t - t / 2 * c * k - stalled * math.expm1(t / policy.adaptation_ms) / t
+    score = value / t - t / 2 * c * k
+    if policy.deferred_step_pricing and shape.kind.value != "decode" and active:
+        # Deferred step (docs/scheduling-utility.md, section 4): a prefill graph leaves every decoder out,
+        # so it is scored with the fastest delivery graph that then serves them all, over T + that step.
+        steps = [TABLE[d] for d in TABLE if d.kind.value == "decode" and d.batch_capacity >= k]
+        if steps:
+            total = t + min(steps)
+            deferred = 0.0
+            for r in active:
+                z = None if r.log_z is None else math.exp(r.log_z)
+                age = (s.now_ns - r.last_publication_ns) / MS
+                deferred += beta + f / math.exp(r.log_x) + (g / z if z else 0.0) + c * sigma * (age + total)
+            score = (value + deferred) / total - total / 2 * c * k
+    return score - stalled * math.expm1(t / policy.adaptation_ms) / t
 
 
 def packed_upper_bound(s, policy):
@@ -110,7 +123,8 @@ def brute_force(s, policy):
                                                                        PolicyConfig(token_fairness=0.0),
                                                                        # graphs of ~2 tau: stalls dominate
                                                                        PolicyConfig(adaptation_ms=4.0),
-                                                                       PolicyConfig(stall_pricing=False)]))
+                                                                       PolicyConfig(stall_pricing=False),
+                                                                       PolicyConfig(deferred_step_pricing=False)]))
 def test_plan_matches_exhaustive_enumeration(states, policy):
     s = with_states(TABLE, states, policy)
     p = s.plan()
