@@ -56,13 +56,14 @@ class _Decoders:
     ceilings: np.ndarray | None  # rows per decoder (None: width one)
 
 
-def _rank_decoders(pool: LanePool, shape) -> _Decoders:
+def _rank_decoders(pool: LanePool, shape, by_stall: bool = False) -> _Decoders:
+    """`by_stall`: rank by the growing price instead of the lane value (_stall_ranked)."""
     if shape.token_capacity == 1:
         full, ceilings = pool.base, None
     else:
         ceilings = _ceilings(pool, shape)
         full = pool.base + _gains(pool, ceilings).sum(axis=1)
-    order = ranked_lanes(full, pool.lru, pool.slots)
+    order = ranked_lanes(pool.stall if by_stall else full, pool.lru, pool.slots)
     sums = [0.0, *np.cumsum(full[order]).tolist()]
     recent = np.maximum.accumulate(pool.lru[order]).tolist() if len(order) else []
     return _Decoders(order, sums, recent, ceilings)
@@ -97,7 +98,7 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
     if has_prompts:
         unit = np.exp(prompts.log_prefill)
         best_prompt = {c: _best_prompt(prompts, c, budget, unit) for c in chunks}
-    ranked: dict[tuple[int, int], _Decoders] = {}
+    ranked: dict[tuple[int, int, bool], _Decoders] = {}
     cohorts: dict[tuple[int, int, int], tuple] = {}  # (W, D, m) -> what its decode cohort sums to
     out, pos_seen, t_ms, state, growth = [], -1, None, None, 0.0
     for pos, c, m in _survivors(shapes, order, padded_over, chunks, n, best_prompt):
@@ -106,15 +107,27 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
             pos_seen, (t_ms, state) = pos, costs(shape)
             growth = 0.0 if t_ms is None or decode.stall_total <= 0.0 else stall_growth(t_ms, decode.tau_ms)
         wd = (shape.token_capacity, shape.proposal_depth)
-        dec = ranked.get(wd)
-        if dec is None:
-            dec = ranked[wd] = _rank_decoders(decode, shape)
         cohort = cohorts.get((*wd, m))
         if cohort is None:
+            by_stall = _stall_ranked(decode, shape, m, n)
+            dec = ranked.get((*wd, by_stall))
+            if dec is None:
+                dec = ranked[(*wd, by_stall)] = _rank_decoders(decode, shape, by_stall)
             cohort = cohorts[(*wd, m)] = _cohort(decode, dec, m, shape.token_capacity)
         out.append(_candidate(shape, decode, prompts, cohort, None if c is None else best_prompt[c], m,
                               t_ms, state, waiting, growth, constants[pos]))
     return out
+
+
+def _stall_ranked(decode: LanePool, shape, m: int, n: int) -> bool:
+    """Whether the best m of n width-one decoders are those with the largest growing prices. With the
+    deferred step a left-out decoder's value still counts (at the step's end), so the cohort changes
+    only the stall charges: serving lane i saves s_i (g(T) - g(T - step(m))) / T, with s_i its
+    growing price (f/x + g/z) and g >= 0 increasing, so the top-m by s_i is exact for every T."""
+    deferred = decode.deferred
+    if deferred is None or decode.stall is None or shape.token_capacity != 1 or not 0 < m < n:
+        return False
+    return deferred.steps[min(n - m, len(deferred.steps) - 1)] is not None
 
 
 def _survivors(shapes, order, padded_over, chunks, n: int, best_prompt: dict) -> tuple:
