@@ -198,6 +198,11 @@ def plan(sched) -> ScheduledPlan | None:
         candidates += speculative_candidates(sched.shapes.speculative, costs, view.decode, view.waiting, device)
     budget = Budget(sched.resources.free_slots, sched.resources.free_pages) if view.prefill or sched.shapes.mixed else None
     for kind, (pool, _) in view.prefill.items():
+        if not sched.shapes.mixed:
+            # The deferred step prices a prefill graph against the mixed graph that could carry the
+            # decoders along. Without one, every prefill graph defers them alike, and the sequence
+            # score would only favour longer chunks over the streams (docs/scheduling-utility.md).
+            pool.deferred = None
         candidates += prefill_candidates(sched.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
     if sched.shapes.mixed:
         prompts = view.prefill.get(GraphKind.PREFILL)

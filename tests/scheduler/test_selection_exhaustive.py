@@ -72,18 +72,8 @@ def objective(s, shape, subset, policy, works=None):
             if r.handle not in served:
                 stalled += f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
     score = value / t - t / 2 * c * k
-    if policy.deferred_step_pricing and shape.kind.value != "decode" and active:
-        # Deferred step (docs/scheduling-utility.md, section 4): a prefill graph leaves every decoder out,
-        # so it is scored with the fastest delivery graph that then serves them all, over T + that step.
-        steps = [TABLE[d] for d in TABLE if d.kind.value == "decode" and d.batch_capacity >= k]
-        if steps:
-            total = t + min(steps)
-            deferred = 0.0
-            for r in active:
-                z = None if r.log_z is None else math.exp(r.log_z)
-                age = (s.now_ns - r.last_publication_ns) / MS
-                deferred += beta + f / math.exp(r.log_x) + (g / z if z else 0.0) + c * sigma * (age + total)
-            score = (value + deferred) / total - total / 2 * c * k
+    # No deferred step here: it applies only when mixed graphs could carry the decoders (this catalog has
+    # none); test_mixed_selection_exhaustive.py covers it.
     return score - stalled * math.expm1(t / policy.adaptation_ms) / t
 
 
