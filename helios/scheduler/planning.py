@@ -113,6 +113,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     else:
         dec = ((phase == DECODE) & room).nonzero()[0]
         pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
+        pre = _admissible(t, rows, pre, resources)
     # Prompt prices are elementwise: computed only when some prompt can be served.
     lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, with_prompt=len(pre) > 0)
     truncated = len(dec) > max_lanes
@@ -198,6 +199,23 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode.costs)
         prefill[kind] = (prompts, prow)
     return PlanningView(scale, c * s * n_active, pool, drows, prefill, *((cursor, produced) if whole else ()))
+
+
+def _admissible(t: RequestTable, rows: np.ndarray, pre: np.ndarray, resources: ResourcePool) -> np.ndarray:
+    """The prompts some candidate could serve now: resident ones, and those without a slot whose
+    extent fits when a slot is free. The others would only set the shared scale: with prices
+    growing as e^(W/tau), a prompt that has waited W longer outprices the lanes that can run by
+    W/tau in log, every candidate's value underflows to zero, and ties go to the shortest graph
+    (a 1-row decode, over and over, under overload)."""
+    if not len(pre):
+        return pre
+    homeless = t.slot[rows[pre]] == NO_SLOT
+    if not homeless.any():
+        return pre
+    if resources.free_slots == 0:
+        return pre[~homeless]
+    fits = resources.extent_pages_of(t, rows[pre]) <= resources.free_pages
+    return pre[~homeless | fits]
 
 
 def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_value, speculation, policy,

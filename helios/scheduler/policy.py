@@ -153,9 +153,10 @@ def _cohorts(shapes, n: int) -> tuple:
 
 
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None,
-                     used: int | None = None) -> Candidate:
+                     used: int | None = None, deferred: bool = False) -> Candidate:
     """`lru`: the members' most recent service, `used`: the tokens of its rows (prefill), when
-    the caller already knows them."""
+    the caller already knows them. `deferred`: a width-one decode cohort whose value is its
+    members' base, scored with the step that serves the decoders it leaves out."""
     n = len(c.members)
     is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
     if c.t_ms is None:
@@ -164,6 +165,8 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
     else:
         if is_prefill and pool.deferred is not None:  # a prefill graph serves no decoder
             c.score = pool.deferred.score(c.value, c.slope, c.t_ms, waiting, 0, 0.0)
+        elif deferred and pool.deferred is not None:
+            c.score = pool.deferred.score(c.value, c.slope, c.t_ms, waiting, n, c.value)
         else:
             c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
         if pool.stall_total > 0.0:
@@ -215,7 +218,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
                 recent = np.maximum.accumulate(pool.lru[order]).tolist()
             lru = recent[m - 1]
         c = finish_candidate(Candidate(shape, order[:m], works[:m], sums[m], pool.age_slope * m, t_ms, state),
-                             pool, waiting, lru)
+                             pool, waiting, lru, deferred=True)
         if t_ms is not None and c.score > best_known:
             best_known = c.score
         out.append(c)
@@ -227,13 +230,21 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
             # funded timing refresh (exploration.refresh_choice), whatever its score.
             if state is CostState.FRESH and below(m, t_ms, best_known):
                 continue
-            own = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru, pool.slots)
-            members = own[:m]
+            # With the deferred step a left-out lane's value still counts (at the step's end), so
+            # membership moves only the stall charges: the top m by growing price (mixed._stall_ranked).
+            worth = pool.stall if _defers(pool, n - m) else pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms)
+            members = ranked_lanes(worth, pool.lru, pool.slots)[:m]
             c = Candidate(shape, members, works[:m], float(_sum(pool.base[members])), pool.age_slope * m, t_ms, state)
-            out[i] = c = finish_candidate(c, pool, waiting, max(pool.lru[members].tolist()))
+            out[i] = c = finish_candidate(c, pool, waiting, max(pool.lru[members].tolist()), deferred=True)
             if c.score > best_known:
                 best_known = c.score
     return [c for c in out if c is not None]
+
+
+def _defers(pool: LanePool, left: int) -> bool:
+    """Whether a decode cohort leaving `left` lanes out is scored with the deferred step."""
+    d = pool.deferred
+    return d is not None and left > 0 and d.steps[min(left, len(d.steps) - 1)] is not None
 
 
 def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
@@ -241,17 +252,25 @@ def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
 
     The score is (sum base + slope m T)/T - T/2 waiting - (stall_total - sum stall) g(T)/T over the
     cohort; the m largest bases and, separately, the m largest stalls bound both sums (the stall
-    term is first bounded by zero, which needs no sort and usually suffices). A relative margin of
-    1e-9 covers the rounding of the sums (about n ulps), so a pruned candidate's computed score is
-    strictly below the incumbent's: the selection is the same as without pruning."""
+    term is first bounded by zero, which needs no sort and usually suffices). With the deferred
+    step the first two terms are the sequence's (utility.deferred_rate_score), the same for every
+    m-lane cohort. A relative margin of 1e-9 covers the rounding of the sums (about n ulps), so a
+    pruned candidate's computed score is strictly below the incumbent's: the selection is the same
+    as without pruning."""
     stall_sums = None
-    tau, slope, total = pool.tau_ms, pool.age_slope, pool.stall_total
+    tau, slope, total, n = pool.tau_ms, pool.age_slope, pool.stall_total, len(pool.base)
 
     def below(m: int, t_ms: float, x: float) -> bool:
         nonlocal stall_sums
         growth = expm1(min(t_ms / tau, 700.0))  # stall_growth(t_ms, tau), inlined: called per capacity
-        gain = (base_sums[m] + slope * m * t_ms) / t_ms
-        wait = 0.5 * t_ms * waiting
+        if _defers(pool, n - m):
+            d = pool.deferred
+            seq = t_ms + d.steps[min(n - m, len(d.steps) - 1)]
+            gain = (d.value + slope * m * t_ms + d.slope * (n - m) * seq) / seq
+            wait = 0.5 * seq * waiting
+        else:
+            gain = (base_sums[m] + slope * m * t_ms) / t_ms
+            wait = 0.5 * t_ms * waiting
         margin = 1e-9 * (abs(gain) + wait + total * growth / t_ms) + 1e-300
         if gain - wait + margin < x:
             return True

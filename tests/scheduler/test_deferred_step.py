@@ -1,16 +1,17 @@
-"""The deferred step (docs/scheduling-utility.md, section 4): a prefill or mixed graph that leaves active
-decoders out is scored as the sequence of itself and the fastest measured step that serves them."""
+"""The deferred step (docs/scheduling-utility.md, section 4): a prefill, mixed or width-one decode graph
+that leaves active decoders out is scored as the sequence of itself and the fastest measured step that
+serves them."""
 
 import dataclasses
 
 import pytest
 
-from helios.config import preset
+from helios.config import PolicyConfig, preset
 from helios.graphs import GraphKind
 from helios.scheduler.policy import Deferred
 from helios.scheduler.utility import deferred_rate_score, rate_score
 
-from conftest import Driver, FixedCosts, make, spec
+from conftest import Driver, FixedCosts, decode, make, prefill, shift_log_x, spec
 from mixed_helpers import small_mixed_catalog
 
 
@@ -57,3 +58,24 @@ def test_a_long_prompt_rides_with_the_decoders_instead_of_deferring_them():
     # four streams need a decode graph of their own afterwards (the behaviour before this rule).
     plan, streams = _first_chunk(dataclasses.replace(preset("balanced"), deferred_step_pricing=False))
     assert plan.shape.kind is GraphKind.PREFILL and not set(streams) & set(plan.handles)
+
+
+def _starved_stream_step(policy):
+    # Four streams, one of them priced e^5 above the others (it waited): a 1-row graph takes 5 ms and
+    # the 4-row graph 8 ms. Alone, the starved stream's value per ms is the best rate (148 / 5 > 151 / 8);
+    # with the step the other three still need, the 1-row graph is 151 over 5 + 8 ms.
+    table = {decode(1): 5.0, decode(4): 8.0, prefill(64, 4): 9.0}
+    s = make(table, policy=policy)
+    d = Driver(s, FixedCosts(table))
+    streams = [s.admit(spec(prompt=1, out=50), 0) for _ in range(4)]
+    while not all(s.request_row(h).phase.name == "DECODE" for h in streams):
+        d.run_one()
+    shift_log_x(s, streams[0], -5.0)
+    return s.plan(), streams
+
+
+def test_a_starved_stream_rides_the_full_batch_instead_of_a_graph_of_its_own():
+    plan, streams = _starved_stream_step(PolicyConfig())
+    assert plan.shape == decode(4) and set(plan.handles) == set(streams)
+    plan, streams = _starved_stream_step(dataclasses.replace(PolicyConfig(), deferred_step_pricing=False))
+    assert plan.shape == decode(1) and plan.handles == (streams[0],)

@@ -83,9 +83,8 @@ def objective(s, shape, decoders, prompt, policy):
                       for r in decoders) * math.expm1(max(0.0, t - step) / policy.adaptation_ms) / t
     score = value / t - t / 2 * policy.decode_age_price * k
     left = [r for r in active if r.handle not in served]
-    if policy.deferred_step_pricing and shape.kind is not GraphKind.DECODE and left:
-        # Deferred step (docs/scheduling-utility.md, section 4): the decoders a prefill or mixed graph
-        # leaves out are served next by the fastest delivery graph with room for them, so the graph is
+    if policy.deferred_step_pricing and left:
+        # Deferred step (docs/scheduling-utility.md, section 4): the decoders a graph leaves out are served next by the fastest delivery graph with room for them, so the graph is
         # scored over T + that step, the deferred decoders valued at its end.
         steps = [TABLE[d] for d in TABLE if d.kind in DELIVERY and d.batch_capacity >= len(left)]
         if steps:

@@ -72,8 +72,19 @@ def objective(s, shape, subset, policy, works=None):
             if r.handle not in served:
                 stalled += f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
     score = value / t - t / 2 * c * k
-    # No deferred step here: it applies only when mixed graphs could carry the decoders (this catalog has
-    # none); test_mixed_selection_exhaustive.py covers it.
+    # The deferred step (docs/scheduling-utility.md, section 4) for a decode cohort that leaves decoders
+    # out: scored as the sequence with the fastest decode graph with room for them, their values at its
+    # end. Prefill graphs keep the plain score: it applies to them only when mixed graphs could carry the
+    # decoders (this catalog has none); test_mixed_selection_exhaustive.py covers that.
+    left = [r for r in active if r.handle not in {q.handle for q in subset}]
+    steps = [TABLE[d] for d in TABLE if d.kind.value == "decode" and d.batch_capacity >= len(left)]
+    if policy.deferred_step_pricing and shape.kind.value == "decode" and left and steps:
+        total = t + min(steps)
+        for r in left:
+            z = None if r.log_z is None else math.exp(r.log_z)
+            age = (s.now_ns - r.last_publication_ns) / MS
+            value += beta + f / math.exp(r.log_x) + (g / z if z else 0.0) + c * sigma * (age + total)
+        score = value / total - total / 2 * c * k
     return score - stalled * math.expm1(t / policy.adaptation_ms) / t
 
 

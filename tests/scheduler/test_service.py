@@ -6,11 +6,11 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios.config import PolicyConfig
+from helios.config import PolicyConfig, SchedulerConfig
 from helios.scheduler import planning
 from helios.scheduler.service import PriceCoefficients, ewma_log, log_prices
 
-from conftest import decode, make, prefill, spec, step
+from conftest import decode, make, prefill, shift_log_x, spec, step
 
 intervals = st.lists(st.floats(min_value=0.01, max_value=500.0), min_size=1, max_size=40)
 K = PriceCoefficients.of(PolicyConfig())
@@ -96,3 +96,30 @@ def test_zero_decode_age_price_removes_the_age_term():
 
     assert rate_after_gap(0.0, 0) == pytest.approx(rate_after_gap(0.0, 500))
     assert rate_after_gap(0.1, 500) > rate_after_gap(0.1, 0)
+
+
+def test_the_shared_scale_comes_from_lanes_that_can_run():
+    # Three slots: a decoder and two resident, partly prefilled prompts. A fourth prompt has no slot and
+    # has waited so long that its log price is 3,000 above theirs (W/tau = 3,000). Were it to set the
+    # scale, every runnable lane's value would underflow to zero and the tie would go to the shortest
+    # graph, the decoder's 1-row step, over and over (the overload collapse of docs/scheduling-utility.md).
+    table = {decode(1): 5.0, decode(4): 8.0, prefill(64): 6.0, prefill(256): 13.0}
+    s = make(table, config=SchedulerConfig(request_slots=3, kv_pages=1_000))
+    fence = 0
+    d = s.admit(spec(prompt=64, out=500), 0)
+    while s.request_row(d).phase.name != "DECODE":
+        fence += 1
+        step(s, s.plan(), fence)
+    resident = [s.admit(spec(prompt=2000, out=4), s.now_ns) for _ in range(2)]
+    while any(s.requests.slot[s.requests.row(h)] == planning.NO_SLOT for h in resident):
+        fence += 1
+        step(s, s.plan(), fence)
+    homeless = s.admit(spec(prompt=64, out=4), s.now_ns)
+    shift_log_x(s, homeless, -3000.0)
+    p = s.plan()
+    assert p.shape.kind.is_prefill and set(p.handles) <= set(resident)
+    assert p.selection_value_rate() > 0.0
+    # Once a slot is free the waiting prompt can run, and it sets the scale again: it goes first.
+    s.cancel(resident[0], s.now_ns)
+    p = s.plan()
+    assert homeless in p.handles
