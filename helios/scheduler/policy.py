@@ -224,16 +224,22 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
         out.append(c)
     if reranked:
         below = _score_bound(pool, sums, waiting)
+        by_stall = None
         # Largest capacity first: it is usually the strongest incumbent for the bound.
         for i, shape, m, t_ms, state in reversed(reranked):
             # Pruning is exact only for fresh candidates: a stale one may still be chosen by a
             # funded timing refresh (exploration.refresh_choice), whatever its score.
             if state is CostState.FRESH and below(m, t_ms, best_known):
                 continue
-            # With the deferred step a left-out lane's value still counts (at the step's end), so
-            # membership moves only the stall charges: the top m by growing price (mixed._stall_ranked).
-            worth = pool.stall if _defers(pool, n - m) else pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms)
-            members = ranked_lanes(worth, pool.lru, pool.slots)[:m]
+            if _defers(pool, n - m):
+                # A left-out lane's value still counts (at the step's end), so membership moves only
+                # the stall charges: the top m by growing price for every T (mixed._stall_ranked).
+                if by_stall is None:
+                    by_stall = ranked_lanes(pool.stall, pool.lru, pool.slots)
+                members = by_stall[:m]
+            else:
+                members = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru,
+                                       pool.slots)[:m]
             c = Candidate(shape, members, works[:m], float(_sum(pool.base[members])), pool.age_slope * m, t_ms, state)
             out[i] = c = finish_candidate(c, pool, waiting, max(pool.lru[members].tolist()), deferred=True)
             if c.score > best_known:
