@@ -1,0 +1,77 @@
+"""Where first tokens go: the anatomy of TTFT for a few schedulers at one load (docs/scheduling-utility.md
+section 6, "Where Helios still loses").
+
+    python scripts/ttft_anatomy.py --trace azure --load 1.0 --schedulers 'sarathi,helios-balanced' [--seed 0]
+
+Runs each scheduler on the report's window (the shortest start of the trace holding --min-requests
+requests, mixed graphs for Helios) and prints, from the simulator's step and request logs:
+- the device's graphs: busy seconds, count and mean duration;
+- output gaps (mean, p90) and how long a request decodes (first to last token, mean);
+- TTFT split into the wait for the request's first graph and the time from there to its first token;
+- the decode-only graphs that ran while some arrived prompt still had no first token.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from helios.cli import _names
+from helios.sim.experiment import (Setup, default_slo, load_workload, nominal_load, rescale, run_workload,
+                                   window_for)
+from helios.sim.metrics import NS_PER_S, request_gaps_ms
+
+
+def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int) -> str:
+    setup = Setup(mixed_prefill=True)
+    window_s = window_for(trace, min_requests, max_context=setup.max_context)
+    base = load_workload(trace, window_s, seed=0)
+    scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)
+    r = run_workload(scheduler, rescale(base, scale), setup, seed=seed, slo=default_slo(base, setup), scale=scale,
+                     arrival_window_ns=int(window_s / scale * NS_PER_S), progress=False)
+    steps, logs = r.sim.steps, [log for log in r.sim.logs.values() if log.publications]
+    durations = np.array([(s.end_ns - s.start_ns) / 1e6 for s in steps])
+    first_graph = {}
+    for s in steps:
+        for h in s.handles:
+            first_graph.setdefault(h, s.start_ns)
+    handles = [h for h, log in r.sim.logs.items() if log.publications]
+    arrival = np.array([log.arrival_ns for log in logs])
+    first_token = np.array([log.publications[0][0] for log in logs])
+    wait = (np.array([first_graph[h] for h in handles]) - arrival) / 1e6
+    prompt = (first_token - arrival) / 1e6 - wait
+    gaps = np.concatenate([request_gaps_ms(log) for log in logs])
+    life = np.array([(log.publications[-1][0] - log.publications[0][0]) / 1e9 for log in logs])
+    # Decode-only graphs that started while an arrived prompt had no first token yet.
+    starts = np.array([s.start_ns for s in steps])
+    waiting = np.zeros(len(steps) + 1, dtype=np.int64)  # an index past the last step is legal
+    np.add.at(waiting, np.searchsorted(starts, arrival), 1)
+    np.add.at(waiting, np.searchsorted(starts, first_token), -1)
+    decode = np.array([s.label.startswith("decode") for s in steps]) & (np.cumsum(waiting)[:-1] > 0)
+
+    def spread(x):
+        return f"{np.median(x):,.0f} / {x.mean():,.0f} / {np.percentile(x, 90):,.0f}"
+    return (f"| `{scheduler}` | {durations.sum() / 1e3:,.0f} | {len(steps):,} | {durations.mean():.0f} | "
+            f"{gaps.mean():.1f} / {np.percentile(gaps, 90):.0f} | {life.mean():.2f} | {spread(wait)} | "
+            f"{spread(prompt)} | {int(decode.sum()):,} ({durations[decode].sum() / 1e3:,.0f} s) |")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trace", default="azure")
+    ap.add_argument("--load", type=float, default=1.0)
+    ap.add_argument("--schedulers", default="sarathi,helios-balanced")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--min-requests", type=int, default=1000)
+    args = ap.parse_args()
+    print("| scheduler | busy s | graphs | mean graph ms | gap mean / p90 ms | decoding s | "
+          "wait for first graph p50 / mean / p90 ms | first graph to first token p50 / mean / p90 ms | "
+          "decode-only graphs while prompts waited |")
+    print("|---|---:|---:|---:|---|---:|---|---|---|")
+    for name in _names(args.schedulers):
+        print(anatomy(args.trace, name, args.load, args.seed, args.min_requests), flush=True)
+
+
+if __name__ == "__main__":
+    main()
