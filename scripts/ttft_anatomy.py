@@ -30,16 +30,17 @@ def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: in
     scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)
     r = run_workload(scheduler, rescale(base, scale), setup, seed=seed, slo=default_slo(base, setup), scale=scale,
                      arrival_window_ns=int(window_s / scale * NS_PER_S), progress=False)
-    steps, logs = r.sim.steps, [log for log in r.sim.logs.values() if log.publications]
+    steps = r.sim.steps
+    served = {h: log for h, log in r.sim.logs.items() if log.publications}
+    logs = list(served.values())
     durations = np.array([(s.end_ns - s.start_ns) / 1e6 for s in steps])
     first_graph = {}
     for s in steps:
         for h in s.handles:
             first_graph.setdefault(h, s.start_ns)
-    handles = [h for h, log in r.sim.logs.items() if log.publications]
     arrival = np.array([log.arrival_ns for log in logs])
     first_token = np.array([log.publications[0][0] for log in logs])
-    wait = (np.array([first_graph[h] for h in handles]) - arrival) / 1e6
+    wait = (np.array([first_graph[h] for h in served]) - arrival) / 1e6
     prompt = (first_token - arrival) / 1e6 - wait
     gaps = np.concatenate([request_gaps_ms(log) for log in logs])
     life = np.array([(log.publications[-1][0] - log.publications[0][0]) / 1e9 for log in logs])
