@@ -140,9 +140,10 @@ class PolicyConfig:
     # With stall_pricing, also charge the decoders a mixed graph serves but delays: for the excess
     # of T over the fastest decode step with room for them, they are stalled, and owe that growth.
     served_stall_pricing: bool = True
-    # Score a prefill or mixed graph that leaves active decoders out as the sequence with the
-    # fastest step that serves them: their token is deferred, not free (the machine time it will
-    # still cost counts against the candidate).
+    # Score a prefill, mixed or width-one decode graph that leaves active decoders out as the
+    # sequence with the fastest step that serves them: their token is deferred, not free (the
+    # machine time it will still cost counts against the candidate). Prefill graphs use it only
+    # when mixed graphs are loaded (docs/scheduling-utility.md section 4).
     deferred_step_pricing: bool = True
     # False: the spec's prices, one f/x for prompt and output tokens (x in decode-reference units).
     # True: prompt tokens at the exact gradient of f log x, f/x * r_decode/r_prefill (~0.004 f/x

@@ -124,10 +124,9 @@ def _stall_ranked(decode: LanePool, shape, m: int, n: int) -> bool:
     deferred step a left-out decoder's value still counts (at the step's end), so the cohort changes
     only the stall charges: serving lane i saves s_i (g(T) - g(T - step(m))) / T, with s_i its
     growing price (f/x + g/z) and g >= 0 increasing, so the top-m by s_i is exact for every T."""
-    deferred = decode.deferred
-    if deferred is None or decode.stall is None or shape.token_capacity != 1 or not 0 < m < n:
+    if decode.deferred is None or decode.stall is None or shape.token_capacity != 1 or not 0 < m < n:
         return False
-    return deferred.steps[min(n - m, len(deferred.steps) - 1)] is not None
+    return decode.deferred.step(n - m) is not None
 
 
 def _survivors(shapes, order, padded_over, chunks, n: int, best_prompt: dict) -> tuple:

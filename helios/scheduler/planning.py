@@ -93,12 +93,13 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
 def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig,
                coeff: PriceCoefficients, decode: DecodeReference, norm: Normalizers,
                resources: ResourcePool, start_ns: int, max_context: int, max_lanes: int,
-               speculation=None, scale_floor: float = -math.inf) -> PlanningView:
+               speculation=None, scale_floor: float = -math.inf, defer_prompts: bool = True) -> PlanningView:
     """`rows`: live requests in admission order; `decode`: the measured delivery-bearing graphs;
     `norm`: the current reference rates.
     `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded.
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
-    so they share the decision's scale."""
+    so they share the decision's scale. `defer_prompts`: price prefill graphs with the deferred step
+    (only when a mixed graph could carry the decoders along; docs/scheduling-utility.md section 4)."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(
         t, rows, queue, policy.adaptation_ms, policy.prompt_rate_law)
     phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
@@ -194,7 +195,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             pages=resources.extent_pages_of(t, prow),
         )
         prompts.stall_total, prompts.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
-        prompts.deferred = pool.deferred
+        if defer_prompts:
+            prompts.deferred = pool.deferred
         if policy.stall_bound_ms is not None:
             prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode.costs)
         prefill[kind] = (prompts, prow)
@@ -212,10 +214,10 @@ def _admissible(t: RequestTable, rows: np.ndarray, pre: np.ndarray, resources: R
     homeless = t.slot[rows[pre]] == NO_SLOT
     if not homeless.any():
         return pre
-    if resources.free_slots == 0:
-        return pre[~homeless]
-    fits = resources.extent_pages_of(t, rows[pre]) <= resources.free_pages
-    return pre[~homeless | fits]
+    keep = ~homeless
+    if resources.free_slots:
+        keep[homeless] = resources.extent_pages_of(t, rows[pre[homeless]]) <= resources.free_pages
+    return pre[keep]
 
 
 def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_value, speculation, policy,

@@ -33,6 +33,10 @@ class Deferred:
     slope: float  # c*sigma per decoder
     steps: tuple  # steps[m]: the fastest measured delivery-bearing graph with room for m (None: none)
 
+    def step(self, left: int) -> float | None:
+        """The step that serves `left` deferred decoders (None: none is measured, or none left)."""
+        return self.steps[min(left, len(self.steps) - 1)] if left > 0 else None
+
     def score(self, value: float, slope: float, t_ms: float, waiting: float, served: int,
               served_value: float) -> float:
         """The candidate's rate score as the sequence with the step serving the rest
@@ -40,8 +44,8 @@ class Deferred:
         left = self.count - served
         if left <= 0:
             return rate_score(value, slope, t_ms, waiting)
-        step = self.steps[min(left, len(self.steps) - 1)]
-        return deferred_rate_score(value, slope, t_ms, waiting, self.value - served_value, self.slope * left, step)
+        return deferred_rate_score(value, slope, t_ms, waiting, self.value - served_value, self.slope * left,
+                                   self.step(left))
 
 
 @dataclass(slots=True)
@@ -249,8 +253,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
 
 def _defers(pool: LanePool, left: int) -> bool:
     """Whether a decode cohort leaving `left` lanes out is scored with the deferred step."""
-    d = pool.deferred
-    return d is not None and left > 0 and d.steps[min(left, len(d.steps) - 1)] is not None
+    return pool.deferred is not None and pool.deferred.step(left) is not None
 
 
 def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
@@ -271,7 +274,7 @@ def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
         growth = expm1(min(t_ms / tau, 700.0))  # stall_growth(t_ms, tau), inlined: called per capacity
         if _defers(pool, n - m):
             d = pool.deferred
-            seq = t_ms + d.steps[min(n - m, len(d.steps) - 1)]
+            seq = t_ms + d.step(n - m)
             gain = (d.value + slope * m * t_ms + d.slope * (n - m) * seq) / seq
             wait = 0.5 * seq * waiting
         else:

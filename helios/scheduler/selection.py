@@ -94,7 +94,8 @@ def current_view(sched) -> PlanningView | None:
     view = build_view(sched.requests, live, sched.queue, sched.policy, coeff, decode, norm,
                       sched.resources, sched.queue.expected_end_ns(sched.now_ns), sched.config.max_context,
                       sched.config.selection_slots,
-                      (sched.speculation, sched.source) if sched.shapes.rounds else None, floor)
+                      (sched.speculation, sched.source) if sched.shapes.rounds else None, floor,
+                      defer_prompts=bool(sched.shapes.mixed))
     if sched.vision.requests:
         sched.vision.restrict(view, sched.requests)  # legal chunk ends of image requests
     if sched.anchors.requests:
@@ -198,11 +199,6 @@ def plan(sched) -> ScheduledPlan | None:
         candidates += speculative_candidates(sched.shapes.speculative, costs, view.decode, view.waiting, device)
     budget = Budget(sched.resources.free_slots, sched.resources.free_pages) if view.prefill or sched.shapes.mixed else None
     for kind, (pool, _) in view.prefill.items():
-        if not sched.shapes.mixed:
-            # The deferred step prices a prefill graph against the mixed graph that could carry the
-            # decoders along. Without one, every prefill graph defers them alike, and the sequence
-            # score would only favour longer chunks over the streams (docs/scheduling-utility.md).
-            pool.deferred = None
         candidates += prefill_candidates(sched.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
     if sched.shapes.mixed:
         prompts = view.prefill.get(GraphKind.PREFILL)
