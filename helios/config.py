@@ -140,7 +140,7 @@ class PolicyConfig:
     # With stall_pricing, also charge the decoders a mixed graph serves but delays: for the excess
     # of T over the fastest decode step with room for them, they are stalled, and owe that growth.
     served_stall_pricing: bool = True
-    # Score a prefill, mixed or width-one decode graph that leaves active decoders out as the
+    # Score a prefill, mixed, decode or speculative graph that leaves active decoders out as the
     # sequence with the fastest step that serves them: their token is deferred, not free (the
     # machine time it will still cost counts against the candidate). Prefill graphs use it only
     # when mixed graphs are loaded (docs/scheduling-utility.md section 4).

@@ -157,10 +157,12 @@ def _cohorts(shapes, n: int) -> tuple:
 
 
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None,
-                     used: int | None = None, deferred: bool = False) -> Candidate:
+                     used: int | None = None, deferred: bool = False,
+                     served_base: float | None = None) -> Candidate:
     """`lru`: the members' most recent service, `used`: the tokens of its rows (prefill), when
-    the caller already knows them. `deferred`: a width-one decode cohort whose value is its
-    members' base, scored with the step that serves the decoders it leaves out."""
+    the caller already knows them. `deferred`: a decode cohort or speculative round, scored with
+    the step that serves the decoders it leaves out; `served_base`: its members' base, when its
+    value holds more (a round's draft gains)."""
     n = len(c.members)
     is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
     if c.t_ms is None:
@@ -170,7 +172,8 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
         if is_prefill and pool.deferred is not None:  # a prefill graph serves no decoder
             c.score = pool.deferred.score(c.value, c.slope, c.t_ms, waiting, 0, 0.0)
         elif deferred and pool.deferred is not None:
-            c.score = pool.deferred.score(c.value, c.slope, c.t_ms, waiting, n, c.value)
+            c.score = pool.deferred.score(c.value, c.slope, c.t_ms, waiting, n,
+                                          c.value if served_base is None else served_base)
         else:
             c.score = rate_score(c.value, c.slope, c.t_ms, waiting)
         if pool.stall_total > 0.0:
@@ -235,7 +238,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
             # funded timing refresh (exploration.refresh_choice), whatever its score.
             if state is CostState.FRESH and below(m, t_ms, best_known):
                 continue
-            if _defers(pool, n - m):
+            if defers(pool, n - m):
                 # A left-out lane's value still counts (at the step's end), so membership moves only
                 # the stall charges: the top m by growing price for every T (mixed._stall_ranked).
                 if by_stall is None:
@@ -251,8 +254,8 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     return [c for c in out if c is not None]
 
 
-def _defers(pool: LanePool, left: int) -> bool:
-    """Whether a decode cohort leaving `left` lanes out is scored with the deferred step."""
+def defers(pool: LanePool, left: int) -> bool:
+    """Whether a cohort leaving `left` decoders out is scored with the deferred step."""
     return pool.deferred is not None and pool.deferred.step(left) is not None
 
 
@@ -272,7 +275,7 @@ def _score_bound(pool: LanePool, base_sums: list[float], waiting: float):
     def below(m: int, t_ms: float, x: float) -> bool:
         nonlocal stall_sums
         growth = expm1(min(t_ms / tau, 700.0))  # stall_growth(t_ms, tau), inlined: called per capacity
-        if _defers(pool, n - m):
+        if defers(pool, n - m):
             d = pool.deferred
             seq = t_ms + d.step(n - m)
             gain = (d.value + slope * m * t_ms + d.slope * (n - m) * seq) / seq

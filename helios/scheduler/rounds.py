@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from helios.scheduler.policy import Candidate, LanePool, finish_candidate
+from helios.scheduler.policy import Candidate, LanePool, defers, finish_candidate
+from helios.scheduler.utility import stall_growth
 
 
 def device_allocate(joint: list, ceilings, slots, budget: int) -> list[int]:
@@ -97,13 +98,15 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
         # Ceilings, gains and the value ranking depend on D and W only: shared by every bucket.
         ceilings = _ceilings(pool, group[0])
         gains = _gains(pool, ceilings)
-        full = pool.base + gains.sum(axis=1)
-        order = np.lexsort((pool.slots, pool.lru, -full))
-        ranked_rows = np.cumsum(ceilings[order])
+        drafts = gains.sum(axis=1)
+        full = pool.base + drafts
+        plain = np.lexsort((pool.slots, pool.lru, -full))
         for shape in sorted(group, key=lambda s: s.capacities()):
             batch, budget = shape.batch_capacity, shape.target_capacity
             m = min(batch, n)
-            constrained = ranked_rows[m - 1] > budget
+            t_ms, state = costs(shape)
+            order = plain if m == n or t_ms is None else _cohort_order(pool, drafts, full, t_ms, n - m, plain)
+            constrained = int(ceilings[order[:m]].sum()) > budget
             if not constrained:
                 members = order[:m]
                 found = [(members, ceilings[members], float(full[members].sum()))]
@@ -114,7 +117,6 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
                 found = [(members, ceilings[members], float(full[members].sum()))]
             else:
                 found = _device_cohorts(pool, gains, ceilings, full, order, batch, budget)
-            t_ms, state = costs(shape)
             for members, rows, value in found:
                 key = (tuple(pool.handles[members]), tuple(int(r) for r in rows), shape.proposal_depth)
                 if any(other.dominates(shape) for other in seen.get(key, ())):
@@ -125,8 +127,25 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
                 c.rows = np.asarray(rows, dtype=np.int64)
                 c.ceilings = ceilings[members]
                 c.device = device and shape.proposal_depth > 0
-                out.append(finish_candidate(c, pool, waiting))
+                out.append(finish_candidate(c, pool, waiting, deferred=True,
+                                            served_base=float(pool.base[members].sum())))
     return out
+
+
+def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: np.ndarray) -> np.ndarray:
+    """Lanes best first for a cohort that leaves `left` decoders out, at duration T. Each member
+    adds its value over T and saves its stall charge, stall_i (e^(T/tau) - 1) / T. Under the
+    deferred step a left-out lane's base still counts, over T + step, so members differ only by
+    their draft gains there (mixed._stall_ranked is the same rule for decoders)."""
+    stalled = pool.stall is not None and pool.stall_total > 0.0
+    if defers(pool, left):
+        total = t_ms + pool.deferred.step(left)
+        key = drafts + pool.stall * (stall_growth(t_ms, pool.tau_ms) * total / t_ms) if stalled else drafts
+    elif stalled:
+        key = full + pool.stall * stall_growth(t_ms, pool.tau_ms)
+    else:
+        return plain
+    return np.lexsort((pool.slots, pool.lru, -key))
 
 
 def _device_cohorts(pool, gains, ceilings, full, order, batch, budget):
