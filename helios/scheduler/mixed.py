@@ -114,9 +114,20 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
             if dec is None:
                 dec = ranked[(*wd, by_stall)] = _rank_decoders(decode, shape, by_stall)
             cohort = cohorts[(*wd, m)] = _cohort(decode, dec, m, shape.token_capacity)
+        if c is not None and _beyond_bound(prompts, t_ms, m == n):
+            continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
         out.append(_candidate(shape, decode, prompts, cohort, None if c is None else best_prompt[c], m,
                               t_ms, state, waiting, growth, constants[pos]))
     return out
+
+
+def _beyond_bound(prompts: LanePool, t_ms: float | None, serves_all: bool) -> bool:
+    """Whether a mixed graph with a prompt row breaks the off-by-default duration bound: the oldest
+    decoder's age + T must stay within it, + the fastest decode step when some decoder is left out
+    (then its token needs that step after this graph), as for a prefill graph."""
+    if prompts.stall_bound_ms is None or t_ms is None:
+        return False
+    return t_ms > prompts.stall_bound_ms + (prompts.stall_step_ms if serves_all else 0.0)
 
 
 def _stall_ranked(decode: LanePool, shape, m: int, n: int) -> bool:

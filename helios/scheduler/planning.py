@@ -198,7 +198,9 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         if defer_prompts:
             prompts.deferred = pool.deferred
         if policy.stall_bound_ms is not None:
-            prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns, decode.costs)
+            prompts.stall_step_ms = min((ms for _, ms in decode.costs), default=0.0)
+            prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns,
+                                                     prompts.stall_step_ms)
         prefill[kind] = (prompts, prow)
     return PlanningView(scale, c * s * n_active, pool, drows, prefill, *((cursor, produced) if whole else ()))
 
@@ -233,13 +235,12 @@ def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_va
 
 
 def _stall_headroom(bound_ms: float, t: RequestTable, active_rows: np.ndarray, start_ns: int,
-                    decode_costs) -> float | None:
+                    step_ms: float) -> float | None:
     """The off-by-default duration bound (`PolicyConfig.stall_bound_ms`, outside the spec): how
-    long a prefill may run so that the oldest decoder's age + T + one decode step stays within
-    the bound. None when no decoder is active (nothing to stall)."""
+    long a prefill may run so that the oldest decoder's age + T + one decode step (`step_ms`, the
+    fastest) stays within the bound. None when no decoder is active (nothing to stall)."""
     known = active_rows[t.has_publication[active_rows]]
     if not len(known):
         return None
     oldest = max(0.0, (start_ns - float(t.last_publication_ns[known].min())) / 1e6)
-    step = min((ms for _, ms in decode_costs), default=0.0)
-    return bound_ms - oldest - step
+    return bound_ms - oldest - step_ms

@@ -79,7 +79,11 @@ class LanePool:
     # serves them delays them.
     steps: tuple | None = None
     tau_ms: float = 1.0
-    stall_bound_ms: float | None = None  # prefill only: the off-by-default duration bound
+    # Prompt pools only: the off-by-default duration bound's headroom (bound - the oldest decoder's age
+    # - the fastest decode step; planning._stall_headroom) and that step, which a mixed graph serving
+    # every decoder gives back (their token comes at its end, not a step later).
+    stall_bound_ms: float | None = None
+    stall_step_ms: float = 0.0
     # deferred_step_pricing (docs/scheduling-utility.md section 4): the decode pool's lanes as one
     # deferred step, on the decode pool and every prompt pool: their summed value, their count,
     # the age slope each adds, and steps[m] (as above). None when off or no decoder is active.

@@ -37,6 +37,7 @@ class EngineOptions:
     terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None
     adaptation_ms: float | None = None  # the policy's rate time constant (None: the preset's)
+    stall_bound_ms: float | None = None  # PolicyConfig.stall_bound_ms (None: off, the default)
     speculation: str = "off"
     speculative_token_capacity: int = 16
     slots: int = 4
@@ -100,6 +101,8 @@ def build_backend(options: EngineOptions) -> Backend:
                     adaptive_verification_alpha=options.adaptive_verification_alpha)
     if options.adaptation_ms is not None:  # PolicyConfig checks it (ConfigError "adaptation_ms")
         policy = dataclasses.replace(policy, adaptation_ms=options.adaptation_ms)
+    if options.stall_bound_ms is not None:  # PolicyConfig checks it (ConfigError "stall_bound_ms")
+        policy = dataclasses.replace(policy, stall_bound_ms=options.stall_bound_ms)
     try:
         speculation = SpeculationMode(options.speculation)
     except ValueError:

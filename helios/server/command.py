@@ -15,7 +15,8 @@ _FLAGS = {
     "scheduler_policy": "--scheduler-policy", "terminal_value": "--scheduler-terminal-value",
     "terminal_age_price": "--scheduler-terminal-age-price",
     "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha",
-    "adaptation_ms": "--scheduler-adaptation-ms", "scheduler": "--scheduler",
+    "adaptation_ms": "--scheduler-adaptation-ms", "stall_bound_ms": "--scheduler-stall-bound-ms",
+    "scheduler": "--scheduler",
     "checkpoint_memory_mib": "--checkpoint-memory",
     "speculation": "--speculation", "speculative_token_capacity": "--speculative-token-capacity",
     "token_capacity": "--speculative-token-capacity", "slots": "--slots", "request_slots": "--slots",
@@ -94,9 +95,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--scheduler-terminal-age-price", type=nonnegative_float, metavar="PRICE",
                    help="terminal-wait cost coefficient (0 disables)")
     g.add_argument("--scheduler-adaptation-ms", type=positive_float, metavar="MS",
-                   help="time constant of the scheduler's service rates (default: the policy's, 100 ms); "
+                   help="time constant of the scheduler's service rates (default: the policy's, 50 ms); "
                         "on a CPU where one decode graph takes longer than it, larger values let "
                         "ready streams share bigger decode batches (docs/server.md)")
+    g.add_argument("--scheduler-stall-bound-ms", type=positive_float, metavar="MS",
+                   help="off by default, outside the spec: no prefill or mixed graph may run past the oldest "
+                        "stream's last token + MS (a gap target; docs/scheduling-utility.md, section 4)")
     g.add_argument("--preemption", choices=("price", "off"), default="price",
                    help="price (default): when every slot (or the page pool) is held by running generations, a "
                         "waiting request whose fairness price grew --preemption-price-ratio times above a "
@@ -135,7 +139,8 @@ def run(args: argparse.Namespace) -> int:
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
             adaptive_verification_alpha=args.mtp_adaptive_verification_alpha,
-            adaptation_ms=args.scheduler_adaptation_ms, speculation=args.speculation,
+            adaptation_ms=args.scheduler_adaptation_ms, stall_bound_ms=args.scheduler_stall_bound_ms,
+            speculation=args.speculation,
             speculative_token_capacity=args.speculative_token_capacity,
             slots=capacity.slots if capacity else args.slots or SIM_SLOTS,
             prefill_capacity=args.prefill_capacity,

@@ -157,3 +157,36 @@ def test_speculative_decode_rows_keep_their_complete_prefix():
     assert [(g.handle, g.tokens) for g in out] == [(dec[0], (4, 5))]
     assert s.request_row(p).prompt_done == 256 and s.request_row(dec[0]).output_done == 2
     assert s.stats.speculative_offered == 2 and s.stats.speculative_accepted == 1
+
+
+# Larger chunks are more efficient per token (a fixed per-graph overhead), as on real GPUs.
+BOUND_TABLE = {decode(1): 10.0, decode(2): 11.0, decode(4): 12.0, prefill(64): 10.0, prefill(256): 25.0,
+               prefill(1024): 80.0, mixed(4, 64): 12.5, mixed(4, 256): 27.0, mixed(4, 1024): 82.0}
+
+
+def _long_prompt_among_mixed_decoders(policy):
+    """Three decoders stream; a 4000-token prompt arrives. Returns whether its first token came, the
+    durations of the graphs that carried its chunks, and the longest gap any decoder saw (ms)."""
+    s = make(BOUND_TABLE, policy=policy)
+    hs = [s.admit(spec(prompt=64, out=1000), 0) for _ in range(3)]
+    d = Driver(s, FixedCosts(BOUND_TABLE))
+    d.run(12)
+    prompt = s.admit(spec(prompt=4000, out=8), s.now_ns)
+    carried = []
+    for _ in range(120):
+        p = d.run_one()
+        if p.shape.kind is not GraphKind.DECODE and prompt in p.handles:
+            carried.append(BOUND_TABLE[p.shape])
+    gap = max(np.diff(d.published[h]).max() for h in hs) / MS
+    return prompt in d.published, carried, gap
+
+
+def test_the_off_by_default_stall_bound_also_holds_for_mixed_graphs():
+    from helios.config import PolicyConfig
+    # Without the bound the prompt's growing price buys the 82-ms graph with the 1024-token chunk.
+    served, carried, gap = _long_prompt_among_mixed_decoders(PolicyConfig())
+    assert served and max(carried) == 82.0 and gap >= 82.0
+    # With it, no graph carrying the prompt runs past the oldest decoder's age + T <= 40 ms: it takes
+    # 256-token chunks and the decoders' gaps stay within the bound.
+    served, carried, gap = _long_prompt_among_mixed_decoders(PolicyConfig(stall_bound_ms=40.0))
+    assert served and max(carried) == 27.0 and gap <= 40.0

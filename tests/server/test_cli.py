@@ -25,6 +25,8 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--mtp-adaptive-verification-alpha", "0"], "--mtp-adaptive-verification-alpha"),
     (["--scheduler-adaptation-ms", "0"], "--scheduler-adaptation-ms"),
     (["--scheduler-adaptation-ms", "inf"], "--scheduler-adaptation-ms"),
+    (["--scheduler-stall-bound-ms", "0"], "--scheduler-stall-bound-ms"),
+    (["--scheduler-stall-bound-ms", "-40"], "--scheduler-stall-bound-ms"),
     (["--speculation", "sometimes"], "--speculation"),
     (["--speculative-token-capacity", "0"], "--speculative-token-capacity"),
     (["--prefill-capacity", "100", "--engine", "sim"], "--prefill-capacity"),
@@ -57,6 +59,15 @@ def test_adaptation_constant_reaches_the_scheduler():
     assert build_backend(EngineOptions(engine="sim", adaptation_ms=750.0)).scheduler.policy.adaptation_ms == 750.0
     assert build_backend(EngineOptions(engine="sim")).scheduler.policy.adaptation_ms == BALANCED_ADAPTATION_MS
     assert build_parser().parse_args(["run", "--scheduler-adaptation-ms", "250"]).scheduler_adaptation_ms == 250.0
+
+
+def test_stall_bound_is_off_unless_asked_for():
+    """--scheduler-stall-bound-ms sets the off-by-default duration bound (outside the spec)."""
+    from helios.server import EngineOptions, build_backend
+
+    assert build_backend(EngineOptions(engine="sim")).scheduler.policy.stall_bound_ms is None
+    assert build_backend(EngineOptions(engine="sim", stall_bound_ms=350.0)).scheduler.policy.stall_bound_ms == 350.0
+    assert build_parser().parse_args(["run", "--scheduler-stall-bound-ms", "350"]).scheduler_stall_bound_ms == 350.0
 
 
 def test_preemption_flags_reach_the_helios_scheduler_only():
