@@ -93,7 +93,7 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
     for shape in shapes:
         if fits_all is None or shape.batch_capacity <= fits_all:
             groups.setdefault((shape.proposal_depth, shape.token_capacity), []).append(shape)
-    out, seen = [], {}
+    out, seen, tie = [], {}, None
     for group in groups.values():
         # Ceilings, gains and the value ranking depend on D and W only: shared by every bucket.
         ceilings = _ceilings(pool, group[0])
@@ -105,7 +105,11 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
             batch, budget = shape.batch_capacity, shape.target_capacity
             m = min(batch, n)
             t_ms, state = costs(shape)
-            order = plain if m == n or t_ms is None else _cohort_order(pool, drafts, full, t_ms, n - m, plain)
+            order = plain
+            if m < n and t_ms is not None:
+                if tie is None:  # the tie-break order (lru, then slot), once per decision
+                    tie = np.lexsort((pool.slots, pool.lru))
+                order = _cohort_order(pool, drafts, full, t_ms, n - m, plain, tie)
             constrained = int(ceilings[order[:m]].sum()) > budget
             if not constrained:
                 members = order[:m]
@@ -132,11 +136,13 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
     return out
 
 
-def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: np.ndarray) -> np.ndarray:
+def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: np.ndarray,
+                  tie: np.ndarray) -> np.ndarray:
     """Lanes best first for a cohort that leaves `left` decoders out, at duration T. Each member
     adds its value over T and saves its stall charge, stall_i (e^(T/tau) - 1) / T. Under the
     deferred step a left-out lane's base still counts, over T + step, so members differ only by
-    their draft gains there (mixed._stall_ranked is the same rule for decoders)."""
+    their draft gains there (mixed._stall_ranked is the same rule for decoders). `tie`: the lanes by
+    lru, then slot; a stable sort on it keeps those tie-breaks without a three-key lexsort."""
     stalled = pool.stall is not None and pool.stall_total > 0.0
     if defers(pool, left):
         total = t_ms + pool.deferred.step(left)
@@ -145,7 +151,7 @@ def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: n
         key = full + pool.stall * stall_growth(t_ms, pool.tau_ms)
     else:
         return plain
-    return np.lexsort((pool.slots, pool.lru, -key))
+    return tie[np.argsort(-key[tie], kind="stable")]
 
 
 def _device_cohorts(pool, gains, ceilings, full, order, batch, budget):
