@@ -106,6 +106,8 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
         if pos != pos_seen:  # one estimate per shape, asked in shape order as before
             pos_seen, (t_ms, state) = pos, costs(shape)
             growth = 0.0 if t_ms is None or decode.stall_total <= 0.0 else stall_growth(t_ms, decode.tau_ms)
+        if c is not None and _beyond_bound(prompts, t_ms, m == n):
+            continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
         wd = (shape.token_capacity, shape.proposal_depth)
         cohort = cohorts.get((*wd, m))
         if cohort is None:
@@ -114,8 +116,6 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
             if dec is None:
                 dec = ranked[(*wd, by_stall)] = _rank_decoders(decode, shape, by_stall)
             cohort = cohorts[(*wd, m)] = _cohort(decode, dec, m, shape.token_capacity)
-        if c is not None and _beyond_bound(prompts, t_ms, m == n):
-            continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
         out.append(_candidate(shape, decode, prompts, cohort, None if c is None else best_prompt[c], m,
                               t_ms, state, waiting, growth, constants[pos]))
     return out

@@ -198,7 +198,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         if defer_prompts:
             prompts.deferred = pool.deferred
         if policy.stall_bound_ms is not None:
-            prompts.stall_step_ms = min((ms for _, ms in decode.costs), default=0.0)
+            prompts.stall_step_ms = decode.steps[1] or 0.0  # the fastest delivery-bearing graph
             prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns,
                                                      prompts.stall_step_ms)
         prefill[kind] = (prompts, prow)

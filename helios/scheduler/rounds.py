@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from helios.scheduler.policy import Candidate, LanePool, defers, finish_candidate
-from helios.scheduler.utility import stall_growth
+from helios.scheduler.utility import ranked_lanes, stall_growth
 
 
 def device_allocate(joint: list, ceilings, slots, budget: int) -> list[int]:
@@ -93,23 +93,19 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
     for shape in shapes:
         if fits_all is None or shape.batch_capacity <= fits_all:
             groups.setdefault((shape.proposal_depth, shape.token_capacity), []).append(shape)
-    out, seen, tie = [], {}, None
+    out, seen = [], {}
     for group in groups.values():
         # Ceilings, gains and the value ranking depend on D and W only: shared by every bucket.
         ceilings = _ceilings(pool, group[0])
         gains = _gains(pool, ceilings)
         drafts = gains.sum(axis=1)
         full = pool.base + drafts
-        plain = np.lexsort((pool.slots, pool.lru, -full))
+        plain = ranked_lanes(full, pool.lru, pool.slots)
         for shape in sorted(group, key=lambda s: s.capacities()):
             batch, budget = shape.batch_capacity, shape.target_capacity
             m = min(batch, n)
             t_ms, state = costs(shape)
-            order = plain
-            if m < n and t_ms is not None:
-                if tie is None:  # the tie-break order (lru, then slot), once per decision
-                    tie = np.lexsort((pool.slots, pool.lru))
-                order = _cohort_order(pool, drafts, full, t_ms, n - m, plain, tie)
+            order = plain if m == n or t_ms is None else _cohort_order(pool, drafts, full, t_ms, n - m, plain)
             constrained = int(ceilings[order[:m]].sum()) > budget
             if not constrained:
                 members = order[:m]
@@ -136,13 +132,11 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
     return out
 
 
-def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: np.ndarray,
-                  tie: np.ndarray) -> np.ndarray:
+def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: np.ndarray) -> np.ndarray:
     """Lanes best first for a cohort that leaves `left` decoders out, at duration T. Each member
     adds its value over T and saves its stall charge, stall_i (e^(T/tau) - 1) / T. Under the
     deferred step a left-out lane's base still counts, over T + step, so members differ only by
-    their draft gains there (mixed._stall_ranked is the same rule for decoders). `tie`: the lanes by
-    lru, then slot; a stable sort on it keeps those tie-breaks without a three-key lexsort."""
+    their draft gains there (mixed._stall_ranked is the same rule for decoders)."""
     stalled = pool.stall is not None and pool.stall_total > 0.0
     if defers(pool, left):
         total = t_ms + pool.deferred.step(left)
@@ -151,7 +145,7 @@ def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: n
         key = full + pool.stall * stall_growth(t_ms, pool.tau_ms)
     else:
         return plain
-    return tie[np.argsort(-key[tie], kind="stable")]
+    return ranked_lanes(key, pool.lru, pool.slots)
 
 
 def _device_cohorts(pool, gains, ceilings, full, order, batch, budget):
