@@ -61,7 +61,7 @@ def catalog(widths, max_batch):
 
 
 def _simulation(concurrency, widths, mode, seed, output, policy, prior=None, acceptance_seed=None, max_steps=None,
-                until_ns=None, estimate=AcceptanceEstimate.CONDITIONAL):
+                until_ns=None, estimate=AcceptanceEstimate.CONDITIONAL, instrument=None):
     cat = catalog(widths, 64)
     model = SyntheticCostModel.realistic_small()
     config = SchedulerConfig(kv_pages=1 << 16, speculation=mode, acceptance_estimate=estimate)
@@ -69,6 +69,8 @@ def _simulation(concurrency, widths, mode, seed, output, policy, prior=None, acc
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
     if prior is not None:
         s.seed_acceptance(prior)
+    if instrument is not None:  # bench/speculative_overhead.py times the scheduler's calls
+        instrument(s)
     acceptance = AcceptanceModel(seed=seed if acceptance_seed is None else acceptance_seed)
     core = SimCore(cat, model, seed=seed, noise=0.03, acceptance=acceptance, paired_acceptance=True)
     sim = Simulation(s, core)

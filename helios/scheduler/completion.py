@@ -13,7 +13,9 @@ from helios.errors import InvalidCompletion
 from helios.graphs import GraphKind
 from helios.scheduler.accounting import account_interval
 from helios.scheduler.service import first_token_progress
-from helios.scheduler.plan import CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason
+from helios.scheduler.plan import (
+    NO_SLOT, CompletionRecord, ExecutionTiming, FinishReason, GeneratedToken, SelectionReason,
+)
 from helios.scheduler.queue import ExecutionQueue, Frame
 from helios.scheduler.requests import DONE, RequestTable
 from helios.scheduler.utility import count_nonzero
@@ -295,9 +297,8 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if finished or prompt:  # only a finish or prompt progress moves a phase
         t.update_phase(r)
     if rounds:
-        for j, row in zip(lane_index or range(len(r)), r.tolist()):
-            if not lanes.prompt_tokens[j]:  # a mixed graph's prompt row learns no acceptance
-                _learn_round(sched, frame, lanes[j], records[j], row, confidence, survival)
+        _learn_round(sched, frame, records, np.arange(len(r)) if lane_index is None else act.nonzero()[0], r,
+                     confidence, survival)
     handles, tokens = checked.handles, checked.tokens
     if lane_index is not None:
         handles, tokens = lanes.handle[act].tolist(), [tokens[j] for j in lane_index]
@@ -314,23 +315,39 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     return list(out), not whole or bool(finished), (handles, r)
 
 
-def _learn_round(sched, frame, lane, rec, row: int, confidence, survival) -> None:
-    t = sched.requests
-    offered = _offered(lane, rec)
-    accepted = max(0, len(rec.tokens) - 1)
+def _learn_round(sched, frame, records, index: np.ndarray, rows: np.ndarray, confidence, survival) -> None:
+    """Acceptance and confidence learning from a completed round: lanes `index` of the plan, on
+    request rows `rows`, all at once (distinct requests, in lane order)."""
+    t, lanes = sched.requests, frame.plan.lanes
+    learns = lanes.prompt_tokens[index] == 0  # a mixed graph's prompt row learns no acceptance
+    index, rows = index[learns], rows[learns]
+    if not len(index):
+        return
+    recs = [records[j] for j in index.tolist()]
+    output_rows = lanes.output_rows[index]
+    offered = np.fromiter((o - 1 if rec.offered is None else rec.offered
+                           for rec, o in zip(recs, output_rows.tolist())), dtype=np.int64, count=len(recs))
+    emitted = np.fromiter((len(rec.tokens) for rec in recs), dtype=np.int64, count=len(recs))
+    accepted = np.maximum(emitted - 1, 0)
     stats = sched.stats
-    stats.speculative_offered += offered
-    stats.speculative_accepted += accepted
-    stats.speculative_emitted += len(rec.tokens)
+    stats.speculative_offered += int(offered.sum())
+    stats.speculative_accepted += int(accepted.sum())
+    stats.speculative_emitted += int(emitted.sum())
+    depth = frame.plan.shape.proposal_depth
     if sched.source.value == "learned":
-        stats.speculative_learned_draws += frame.plan.shape.proposal_depth
-    generated = int(t.output_done[row])
-    rows = None if survival is None else survival.get(rec.handle)
-    sched.speculation.observe_round(t.speculation, row, sched.source, generated, accepted, offered,
-                                    censored=t.finish[row] is not None,
-                                    survival=None if rows is None else np.asarray(rows, dtype=float))
-    if confidence is not None and lane.slot is not None:
+        stats.speculative_learned_draws += depth * len(recs)
+    generated = t.output_done[rows]
+    censored = np.fromiter((t.finish[row] is not None for row in rows.tolist()), dtype=bool, count=len(recs))
+    given = None if survival is None else [survival.get(rec.handle) for rec in recs]
+    if given is not None:
+        given = [None if g is None else np.asarray(g, dtype=float) for g in given]
+    sched.speculation.observe_rounds(t.speculation, rows, sched.source, generated, accepted, offered, censored,
+                                     given)
+    if confidence is not None:
         rank0 = confidence[0] if isinstance(confidence, (list, tuple)) else confidence
+        slots = lanes.slot[index]
+        placed = slots != NO_SLOT
         # Forecast observations stop at the lane's frozen min(D + 1, W) ceiling.
-        depth = min(frame.plan.shape.proposal_depth, lane.output_rows - 1)
-        sched.speculation.observe_confidence(t.speculation, row, generated, rank0[1, lane.slot, :depth].astype(float))
+        joint = rank0[1, slots[placed], :depth].astype(float)
+        lengths = np.minimum(min(depth, joint.shape[1]), output_rows[placed] - 1)
+        sched.speculation.observe_confidences(t.speculation, rows[placed], generated[placed], joint, lengths)

@@ -109,6 +109,7 @@ class Candidate:
     rows: np.ndarray | None = None  # speculative: predicted (device) or exact (host) rows per lane
     ceilings: np.ndarray | None = None  # speculative: min(D + 1, W, request limit)
     device: bool = False  # device (confidence) allocation
+    dedupe: tuple = field(default=())  # speculative: (cohort, rows, depth), the padding-dominance key
 
 
 @dataclass(frozen=True, slots=True)

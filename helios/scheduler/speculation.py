@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from enum import Enum
+from itertools import compress
 
 import numpy as np
 
@@ -47,6 +48,22 @@ class PopulationPrior:
 
     def observe(self, depths: np.ndarray, values: np.ndarray) -> None:
         self.means[depths] += PRIOR_STEP * (values - self.means[depths])
+
+    def observe_prefixes(self, values: np.ndarray, lengths: np.ndarray, starting: np.ndarray) -> np.ndarray:
+        """Row i's values[i, :lengths[i]], one row after another (the prior is a running mean, so
+        order matters). Returns the means as they stood before each `starting` row: a request's
+        estimate starts from the prior its own observation has not moved yet."""
+        # Python floats, one step per observation: the same IEEE arithmetic as `observe`, row by
+        # row, at a few hundred steps per round (cheaper than a numpy call per row).
+        means = self.means.tolist()
+        starts = []
+        for row, n, start in zip(values.tolist(), lengths.tolist(), starting.tolist()):
+            if start:
+                starts.append(list(means))
+            for d in range(n):
+                means[d] += PRIOR_STEP * (row[d] - means[d])
+        self.means[:] = means
+        return np.asarray(starts, dtype=float).reshape(-1, len(means))
 
     def seed(self, survival) -> None:
         s = np.asarray(survival, dtype=float)[: len(self.means)]
@@ -94,13 +111,14 @@ class PrefixColumns:
             new[:old] = col
             setattr(self, name, new)
 
-    def start(self, row: int, prior: PopulationPrior, generated: int) -> None:
-        self.means[row] = prior.means
-        self.weights[row] = START_WEIGHT
-        self.hits[row] = 0.0
-        self.tries[row] = 0.0
-        self.generated[row] = generated
-        self.has[row] = True
+    def start(self, rows: np.ndarray, means: np.ndarray, generated: np.ndarray) -> None:
+        """Rows' own estimates from the prior's `means` (one row of means per row, or one for all)."""
+        self.means[rows] = means
+        self.weights[rows] = START_WEIGHT
+        self.hits[rows] = 0.0
+        self.tries[rows] = 0.0
+        self.generated[rows] = generated
+        self.has[rows] = True
 
     def current(self, rows: np.ndarray, prior: PopulationPrior) -> np.ndarray:
         """Each row's means, or the prior's for rows without an estimate: [len(rows), depth]."""
@@ -112,36 +130,42 @@ class PrefixColumns:
         own = conditional_survival(self.hits[rows], self.tries[rows], prior.means)
         return np.where(self.has[rows, None], own, prior.means)
 
-    def age(self, row: int, generated: int) -> None:
+    def age(self, rows: np.ndarray, generated: np.ndarray) -> None:
         # Weights halve every 128 generated tokens, so old behaviour fades.
-        elapsed = generated - int(self.generated[row])
-        if elapsed > 0:
-            decay = 0.5 ** (elapsed / HALF_LIFE_TOKENS)
-            self.weights[row] *= decay
-            self.hits[row] *= decay
-            self.tries[row] *= decay
-            self.generated[row] = generated
+        elapsed = generated - self.generated[rows]
+        on = elapsed > 0
+        if not on.any():
+            return
+        rows, generated = rows[on], generated[on]
+        # Python's float power, as one row's aging computes it (numpy's vector power may differ in
+        # the last bit, and a round must age its rows exactly as one request at a time would).
+        decay = np.array([0.5 ** (e / HALF_LIFE_TOKENS) for e in elapsed[on].tolist()])[:, None]
+        self.weights[rows] *= decay
+        self.hits[rows] *= decay
+        self.tries[rows] *= decay
+        self.generated[rows] = generated
 
-    def observe(self, row: int, depths: np.ndarray, values: np.ndarray) -> None:
-        """depths are 0-based positions (d-1), a prefix 0..n-1 of the draft; values in [0, 1]."""
-        n = len(depths)
-        if n and (depths[0] != 0 or depths[-1] != n - 1):
-            raise ValueError("an observation covers a prefix of draft positions")
-        w = self.weights[row, depths]
-        self.means[row, depths] = (w * self.means[row, depths] + values) / (w + 1.0)
-        self.weights[row, depths] = np.minimum(w + 1.0, WEIGHT_CAP)
+    def observe(self, rows: np.ndarray, values: np.ndarray, lengths: np.ndarray) -> None:
+        """Row rows[i] observes values[i, :lengths[i]], a prefix of its draft positions with values
+        in [0, 1]. The rows are distinct (one lane per request in a round)."""
+        w, m = self.weights[rows], self.means[rows]
+        on = np.arange(self.depth)[None, :] < lengths[:, None]
+        self.means[rows] = np.where(on, (w * m + values) / (w + 1.0), m)
+        self.weights[rows] = np.where(on, np.minimum(w + 1.0, WEIGHT_CAP), w)
         # Conditional evidence: position d was reached with the survival of d-1 and survived with
         # its own (a survival row's values are made nonincreasing, so hits <= tries).
-        survived = np.minimum.accumulate(np.clip(values, 0.0, 1.0))
-        reached = np.concatenate(([1.0], survived[:-1]))
-        self.hits[row, :n] += survived
-        self.tries[row, :n] += reached
+        survived = np.minimum.accumulate(np.clip(values, 0.0, 1.0), axis=1)
+        reached = np.concatenate((np.ones((len(rows), 1)), survived[:, :-1]), axis=1)
+        hits = self.hits[rows] + np.where(on, survived, 0.0)
+        tries = self.tries[rows] + np.where(on, reached, 0.0)
         # The same cap as the means' weights: past 128 the evidence becomes a moving average.
-        over = self.tries[row, :n] > WEIGHT_CAP
-        if np.any(over):
-            scale = np.where(over, WEIGHT_CAP / np.maximum(self.tries[row, :n], WEIGHT_CAP), 1.0)
-            self.hits[row, :n] *= scale
-            self.tries[row, :n] *= scale
+        over = on & (tries > WEIGHT_CAP)
+        if over.any():
+            scale = np.where(over, WEIGHT_CAP / np.maximum(tries, WEIGHT_CAP), 1.0)
+            hits *= scale
+            tries *= scale
+        self.hits[rows] = hits
+        self.tries[rows] = tries
 
     def optimistic(self, row: int) -> np.ndarray:
         """Funded acceptance learning's bound: min(1, mean + sqrt(ln 20 / (2 * aged weight)))."""
@@ -207,33 +231,53 @@ class SpeculationModel:
 
     def observe_round(self, cols: SpeculationColumns, row: int, source: ProposalSource, generated: int,
                       accepted: int, offered: int, censored: bool, survival: np.ndarray | None = None) -> None:
-        """Accepted prefixes are positive; a rejection is zero for every longer offered prefix;
-        termination censors the remaining suffix. Survival rows replace binary observations."""
-        if offered <= 0:
-            return  # width-one rounds measure cost, not acceptance
-        last = accepted if censored else offered
-        depths = np.arange(last)
-        values = (depths < accepted).astype(float)
+        """One request's round: `observe_rounds` for one row."""
+        self.observe_rounds(cols, np.array([row]), source, np.array([generated]), np.array([accepted]),
+                            np.array([offered]), np.array([censored]), None if survival is None else [survival])
+
+    def observe_rounds(self, cols: SpeculationColumns, rows: np.ndarray, source: ProposalSource,
+                       generated: np.ndarray, accepted: np.ndarray, offered: np.ndarray, censored: np.ndarray,
+                       survival: list | None = None) -> None:
+        """A completed round of distinct requests, in lane order. Accepted prefixes are positive; a
+        rejection is zero for every longer offered prefix; termination censors the remaining suffix.
+        Survival rows (one per request, or None) replace binary observations."""
+        keep = offered > 0  # width-one rounds measure cost, not acceptance
+        last = np.where(censored, accepted, offered)[keep]
+        accepted = accepted[keep]
+        values = (np.arange(self.depth)[None, :] < accepted[:, None]).astype(float)
         if survival is not None:
-            n = min(len(survival), last)
-            values[:n] = survival[:n]
-        est = cols.acceptance[source]
-        if not est.has[row]:
-            est.start(row, self.acceptance_prior[source], generated)
-        est.age(row, generated)
-        est.observe(row, depths, values)
-        self.acceptance_prior[source].observe(depths, values)
+            for i, s in enumerate(compress(survival, keep.tolist())):
+                if s is not None:
+                    n = min(len(s), int(last[i]))
+                    values[i, :n] = s[:n]
+        self._observe(cols.acceptance[source], self.acceptance_prior[source], rows[keep], generated[keep],
+                      values, last)
 
     def observe_confidence(self, cols: SpeculationColumns, row: int, generated: int, joint: np.ndarray) -> None:
-        if not len(joint):
+        """One request's completed joint-prefix probabilities: `observe_confidences` for one row."""
+        self.observe_confidences(cols, np.array([row]), np.array([generated]), np.asarray(joint, dtype=float)[None, :],
+                                 np.array([len(joint)]))
+
+    def observe_confidences(self, cols: SpeculationColumns, rows: np.ndarray, generated: np.ndarray,
+                            joint: np.ndarray, lengths: np.ndarray) -> None:
+        """Row rows[i]'s completed joint-prefix probabilities joint[i, :lengths[i]], in lane order."""
+        keep = lengths > 0
+        values = np.zeros((int(np.count_nonzero(keep)), self.depth))
+        width = min(self.depth, joint.shape[1])
+        values[:, :width] = joint[keep, :width]
+        self._observe(cols.forecast, self.forecast_prior, rows[keep], generated[keep], values,
+                      np.minimum(lengths[keep], width))
+
+    @staticmethod
+    def _observe(est: PrefixColumns, prior: PopulationPrior, rows, generated, values, lengths) -> None:
+        if not len(rows):
             return
-        est = cols.forecast
-        if not est.has[row]:
-            est.start(row, self.forecast_prior, generated)
-        depths = np.arange(len(joint))
-        est.age(row, generated)
-        est.observe(row, depths, joint)
-        self.forecast_prior.observe(depths, joint)
+        new = ~est.has[rows]
+        starts = prior.observe_prefixes(values, lengths, new)
+        if new.any():
+            est.start(rows[new], starts, generated[new])
+        est.age(rows, generated)
+        est.observe(rows, values, lengths)
 
 
 def expected_output(survival: np.ndarray, rows: int, alpha: float = 1.0) -> float:

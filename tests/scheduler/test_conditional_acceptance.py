@@ -111,7 +111,7 @@ def test_aging_fades_the_conditional_evidence_toward_the_start():
         m.observe_round(cols, 0, LEARNED, 0, accepted=0, offered=2, censored=False)
     est = cols.acceptance[LEARNED]
     before = est.tries[0, 0]
-    est.age(0, 128)
+    est.age(np.array([0]), np.array([128]))
     assert est.tries[0, 0] == pytest.approx(before / 2)
 
 
@@ -150,13 +150,6 @@ def test_without_evidence_the_start_is_geometric_at_the_population_pooled_rate(p
     # The untrained curve is geometric, so there it is the curve itself.
     half = 0.5 ** np.arange(1, DEPTH + 1)
     assert conditional_survival(zero, zero, half)[0] == pytest.approx(half)
-
-
-def test_a_non_prefix_observation_is_refused():
-    cols = SpeculationColumns(3, 1).acceptance[LEARNED]
-    cols.start(0, PopulationPrior(3), 0)
-    with pytest.raises(ValueError, match="prefix"):
-        cols.observe(0, np.array([1, 2]), np.array([1.0, 0.0]))
 
 
 def test_the_config_names_the_estimate_and_the_scheduler_uses_it():

@@ -53,9 +53,9 @@ def run_ordinary(s, n):
 
 def test_the_optimistic_estimate_is_the_bounded_mean_plus_confidence_at_the_aged_weight():
     cols, prior = PrefixColumns(2, 2), PopulationPrior(2)
-    cols.start(0, prior, 0)
+    cols.start(np.array([0]), prior.means, np.array([0]))
     for _ in range(30):
-        cols.observe(0, np.array([0, 1]), np.array([1.0, 0.0]))
+        cols.observe(np.array([0]), np.array([[1.0, 0.0]]), np.array([2]))
     rows, generated = np.array([0, 1]), np.array([256, 0])
     opt = cols.optimistic_rows(rows, prior, generated)
     aged = cols.weights[0] * 0.5 ** (256 / 128)  # two half-lives since the last update

@@ -12,7 +12,7 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
 from helios.scheduler import CompletionRecord, ExecutionTiming, Scheduler
 from helios.scheduler.policy import LanePool
-from helios.scheduler.rounds import _device_best_prefix, _gains, device_allocate
+from helios.scheduler.rounds import _device_best_prefix, _frontier, _gains, device_allocate
 from helios.scheduler.speculation import (PopulationPrior, PrefixColumns, ProposalSource, SpeculationColumns,
                                           SpeculationModel, expected_output)
 
@@ -89,12 +89,12 @@ def test_width_one_rounds_supply_no_acceptance_observation():
 
 def test_weights_start_at_two_cap_at_128_and_age_with_half_life_128_tokens():
     est = PrefixColumns(1, 1)
-    est.start(0, PopulationPrior(1), 0)
+    est.start(np.array([0]), PopulationPrior(1).means, np.array([0]))
     assert est.weights[0, 0] == 2.0 and est.means[0, 0] == 0.5
     for _ in range(500):
-        est.observe(0, np.array([0]), np.array([1.0]))
+        est.observe(np.array([0]), np.array([[1.0]]), np.array([1]))
     assert est.weights[0, 0] == 128.0
-    est.age(0, 128)
+    est.age(np.array([0]), np.array([128]))
     assert est.weights[0, 0] == pytest.approx(64.0)
     bound = est.optimistic(0)[0]
     assert bound == pytest.approx(min(1.0, est.means[0, 0] + math.sqrt(math.log(20) / (2 * 64.0))))
@@ -141,8 +141,8 @@ def test_host_prediction_equals_the_device_frontier(rows, ceiling, extra):
     pool = LanePool(np.arange(n), np.zeros(n, dtype=np.int64), np.arange(n), np.ones(n),
                     extra_value=np.ones(n), survival_alpha=np.full((n, 4), 0.5), forecast=joint,
                     limit=np.full(n, 100))
-    gains = _gains(pool, ceilings)
-    lanes, m, values, selected, lane_pos = _device_best_prefix(np.arange(n), pool, gains, ceilings, n, budget)
+    frontier = _frontier(pool, _gains(pool, ceilings), ceilings)
+    lanes, m, values, selected, lane_pos = _device_best_prefix(np.arange(n), pool, frontier, n, budget)
     predicted = 1 + np.bincount(lane_pos[selected[-1]], minlength=n)
     assert list(predicted) == device_allocate(list(joint), list(ceilings), list(range(n)), budget)
 
