@@ -21,6 +21,20 @@ def device_allocate(joint: list, ceilings, slots, budget: int) -> list[int]:
     """The device's frontier allocation, exactly: rows per lane (each lane at least one)."""
     rows = [1] * len(ceilings)
     left = budget - len(rows)
+    if left <= 0:
+        return rows
+    # Lane i offers positions 1..min(ceiling - 1, len(joint_i)).
+    offered = [max(0, min(int(c) - 1, len(j))) for c, j in zip(ceilings, joint)]
+    lane = np.repeat(np.arange(len(rows)), offered)
+    prob = np.concatenate([np.asarray(j[:k], dtype=float) for j, k in zip(joint, offered)] or [np.zeros(0)])
+    same = lane[1:] == lane[:-1]
+    if not np.any(prob[1:][same] > prob[:-1][same]):
+        # Joint prefix probabilities that never rise along a lane (the usual case: products of
+        # probabilities): each lane's next position sorts after the one before it, so the greedy
+        # frontier admits exactly the first `left` positions of the global order.
+        d = np.arange(len(lane)) - np.repeat(np.cumsum(offered) - offered, offered) + 1
+        order = np.lexsort((np.asarray(slots)[lane], d, -prob))[:left]
+        return (1 + np.bincount(lane[order], minlength=len(rows))).tolist()
     while left > 0:
         best = None
         for i, c in enumerate(ceilings):

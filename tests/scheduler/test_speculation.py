@@ -324,3 +324,29 @@ def test_copy_proposals_contribute_no_learned_draws():
     s.complete(2, [CompletionRecord(l.handle, l.epoch, 0, (9,), offered=1) for l in p.lanes], ExecutionTiming((MS,)))
     assert s.stats.speculative_learned_draws == 0 and s.stats.speculative_offered == 4
     assert s.requests.speculation.acceptance[ProposalSource.COPY].has[s.requests.row(hs[0])]
+
+
+def greedy_frontier(joint, ceilings, slots, budget):
+    """The spec's device rule written out: one row at a time, the best immediate frontier by joint
+    prefix probability, then the shorter prefix, then the original slot."""
+    rows = [1] * len(ceilings)
+    for _ in range(budget - len(rows)):
+        frontier = [(-joint[i][rows[i] - 1], rows[i], slots[i], i) for i in range(len(rows))
+                    if rows[i] < ceilings[i] and rows[i] <= len(joint[i])]
+        if not frontier:
+            break
+        rows[min(frontier)[3]] += 1
+    return rows
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.0, 0.25, 0.5, 0.9, 1.0]) | st.floats(0.0, 1.0), min_size=0, max_size=5),
+                min_size=1, max_size=8), st.booleans(), st.lists(st.integers(1, 7), min_size=8, max_size=8),
+       st.integers(0, 20), st.randoms(use_true_random=False))
+def test_device_allocation_is_the_greedy_frontier(rows, monotone, ceilings, extra, rng):
+    joint = [np.minimum.accumulate(r) if monotone and r else np.array(r, dtype=float) for r in rows]
+    n = len(joint)
+    slots = rng.sample(range(100), n)
+    budget = n + extra - 2  # a budget below the lane count leaves every lane its pending row
+    want = greedy_frontier(joint, ceilings[:n], slots, budget)
+    assert device_allocate(joint, ceilings[:n], slots, budget) == want
