@@ -102,6 +102,7 @@ class PrefixColumns:
         self.tries = np.zeros((capacity, depth))
         self.generated = np.zeros(capacity, dtype=np.int64)
         self.has = np.zeros(capacity, dtype=bool)
+        self._prefixes = np.tri(depth + 1, depth, -1, dtype=bool)  # row L: True at positions < L
 
     def grow(self, capacity: int) -> None:
         old = len(self.has)
@@ -149,15 +150,17 @@ class PrefixColumns:
         """Row rows[i] observes values[i, :lengths[i]], a prefix of its draft positions with values
         in [0, 1]. The rows are distinct (one lane per request in a round)."""
         w, m = self.weights[rows], self.means[rows]
-        on = np.arange(self.depth)[None, :] < lengths[:, None]
+        on = self._prefixes[lengths]  # row L: the first L positions
         self.means[rows] = np.where(on, (w * m + values) / (w + 1.0), m)
         self.weights[rows] = np.where(on, np.minimum(w + 1.0, WEIGHT_CAP), w)
         # Conditional evidence: position d was reached with the survival of d-1 and survived with
         # its own (a survival row's values are made nonincreasing, so hits <= tries).
-        survived = np.minimum.accumulate(np.clip(values, 0.0, 1.0), axis=1)
-        reached = np.concatenate((np.ones((len(rows), 1)), survived[:, :-1]), axis=1)
-        hits = self.hits[rows] + np.where(on, survived, 0.0)
-        tries = self.tries[rows] + np.where(on, reached, 0.0)
+        survived = np.minimum.accumulate(np.minimum(np.maximum(values, 0.0), 1.0), axis=1) * on
+        reached = np.empty_like(survived)
+        reached[:, 0] = 1.0
+        reached[:, 1:] = survived[:, :-1]
+        hits = self.hits[rows] + survived
+        tries = self.tries[rows] + reached * on
         # The same cap as the means' weights: past 128 the evidence becomes a moving average.
         over = on & (tries > WEIGHT_CAP)
         if over.any():
