@@ -25,7 +25,6 @@ from helios.scheduler.prerequisites import (
 )
 from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.service import PHYSICAL, reference_normalizers
-from helios.scheduler.speculation import expected_output
 from helios.scheduler.utility import DecodeReference
 from helios.scheduler.vision_candidates import WindowCandidate, window_candidates, window_log_scale
 
@@ -129,15 +128,20 @@ def _window_candidates(sched, view: PlanningView, costs) -> list:
 
 
 def _spec_lanes(sched, winner, view: PlanningView):
-    pool, t = view.decode, winner.t_ms or 0.0
-    values, expected = [], []
-    for i, rows in zip(winner.members.tolist(), winner.rows.tolist()):
-        gains = pool.extra_value[i] * pool.survival_alpha[i, : rows - 1].sum()
-        values.append(float(pool.base[i] + gains + pool.age_slope * t))
-        expected.append(expected_output(pool.survival[i], rows))
+    pool, t, members = view.decode, winner.t_ms or 0.0, winner.members
+    # Each lane's drafts are its first rows - 1 positions: running sums (left to right, as a
+    # short slice's sum adds) read at the last one; zero without drafts (speculation.expected_output).
+    last = (winner.rows - 2)[:, None]
+
+    def drafts(m: np.ndarray) -> np.ndarray:
+        if not m.shape[1]:
+            return np.zeros(len(members))
+        sums = np.take_along_axis(np.cumsum(m[members], axis=1), np.maximum(last, 0), axis=1)[:, 0]
+        return np.where(last[:, 0] >= 0, sums, 0.0)
+    values = pool.base[members] + pool.extra_value[members] * drafts(pool.survival_alpha) + pool.age_slope * t
+    expected = 1.0 + drafts(pool.survival)
     bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
-    return speculative_lanes(sched.requests, view.decode_rows[winner.members], bounds,
-                             np.array(expected), np.array(values), winner.rows)
+    return speculative_lanes(sched.requests, view.decode_rows[members], bounds, expected, values, winner.rows)
 
 
 def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
