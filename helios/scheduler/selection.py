@@ -131,13 +131,12 @@ def _spec_lanes(sched, winner, view: PlanningView):
     pool, t, members = view.decode, winner.t_ms or 0.0, winner.members
     # Each lane's drafts are its first rows - 1 positions: running sums (left to right, as a
     # short slice's sum adds) read at the last one; zero without drafts (speculation.expected_output).
-    last = (winner.rows - 2)[:, None]
+    last, k = winner.rows - 2, np.arange(len(members))
 
     def drafts(m: np.ndarray) -> np.ndarray:
         if not m.shape[1]:
             return np.zeros(len(members))
-        sums = np.take_along_axis(np.cumsum(m[members], axis=1), np.maximum(last, 0), axis=1)[:, 0]
-        return np.where(last[:, 0] >= 0, sums, 0.0)
+        return np.where(last >= 0, np.cumsum(m[members], axis=1)[k, np.maximum(last, 0)], 0.0)
     values = pool.base[members] + pool.extra_value[members] * drafts(pool.survival_alpha) + pool.age_slope * t
     expected = 1.0 + drafts(pool.survival)
     bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
