@@ -33,7 +33,6 @@ from helios.scheduler.lanes import decode_lanes, prefill_lanes, speculative_lane
 from helios.scheduler.plan import PlanLanes
 from helios.scheduler.policy import Budget, Candidate, LanePool
 from helios.scheduler.rounds import _ceilings, _gains
-from helios.scheduler.speculation import expected_output
 from helios.scheduler.utility import by_identity, ranked_lanes, rate_score, served_cost, stall_growth
 
 
@@ -268,10 +267,15 @@ def mixed_lanes(table, winner: MixedCandidate, view) -> PlanLanes:
 
 
 def spec_row_values(pool: LanePool, members: np.ndarray, rows: np.ndarray, t_ms: float):
-    """Scaled lane values and expected tokens of speculative decode rows at their full prefix."""
-    values, expected = [], []
-    for i, r in zip(members.tolist(), rows.tolist()):
-        gains = pool.extra_value[i] * pool.survival_alpha[i, : r - 1].sum()
-        values.append(float(pool.base[i] + gains + pool.age_slope * t_ms))
-        expected.append(expected_output(pool.survival[i], r))
-    return np.array(values), np.array(expected)
+    """Scaled lane values and expected tokens of speculative decode rows at their full prefix
+    (speculation.expected_output per lane, with alpha in the values)."""
+    # A lane's drafts are its first rows - 1 positions: running sums (left to right, as a short
+    # slice's sum adds) read at the last one, zero without drafts.
+    last, k = rows - 2, np.arange(len(members))
+
+    def drafts(m: np.ndarray) -> np.ndarray:
+        if not m.shape[1]:
+            return np.zeros(len(members))
+        return np.where(last >= 0, np.cumsum(m[members], axis=1)[k, np.maximum(last, 0)], 0.0)
+    values = pool.base[members] + pool.extra_value[members] * drafts(pool.survival_alpha) + pool.age_slope * t_ms
+    return values, 1.0 + drafts(pool.survival)

@@ -14,7 +14,7 @@ import numpy as np
 
 from helios.scheduler.cost import CostState
 from helios.scheduler.policy import Candidate, LanePool, defers, finish_candidate
-from helios.scheduler.utility import ranked_lanes, rate_score, stall_growth
+from helios.scheduler.utility import ranked_lanes, stall_growth
 
 
 def device_allocate(joint: list, ceilings, slots, budget: int) -> list[int]:

@@ -15,7 +15,7 @@ from helios.graphs import GraphKind
 from helios.scheduler.anchors import AnchorCandidate
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
-from helios.scheduler.mixed import mixed_candidates, mixed_lanes
+from helios.scheduler.mixed import mixed_candidates, mixed_lanes, spec_row_values
 from helios.scheduler.plan import ScheduledPlan, SelectionReason
 from helios.scheduler.planning import PlanningView, build_view
 from helios.scheduler.policy import Budget, best, decode_candidates
@@ -128,19 +128,9 @@ def _window_candidates(sched, view: PlanningView, costs) -> list:
 
 
 def _spec_lanes(sched, winner, view: PlanningView):
-    pool, t, members = view.decode, winner.t_ms or 0.0, winner.members
-    # Each lane's drafts are its first rows - 1 positions: running sums (left to right, as a
-    # short slice's sum adds) read at the last one; zero without drafts (speculation.expected_output).
-    last, k = winner.rows - 2, np.arange(len(members))
-
-    def drafts(m: np.ndarray) -> np.ndarray:
-        if not m.shape[1]:
-            return np.zeros(len(members))
-        return np.where(last >= 0, np.cumsum(m[members], axis=1)[k, np.maximum(last, 0)], 0.0)
-    values = pool.base[members] + pool.extra_value[members] * drafts(pool.survival_alpha) + pool.age_slope * t
-    expected = 1.0 + drafts(pool.survival)
+    values, expected = spec_row_values(view.decode, winner.members, winner.rows, winner.t_ms or 0.0)
     bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
-    return speculative_lanes(sched.requests, view.decode_rows[members], bounds, expected, values, winner.rows)
+    return speculative_lanes(sched.requests, view.decode_rows[winner.members], bounds, expected, values, winner.rows)
 
 
 def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:

@@ -46,9 +46,6 @@ class PopulationPrior:
     def __init__(self, depth: int):
         self.means = 0.5 ** np.arange(1, depth + 1, dtype=float)
 
-    def observe(self, depths: np.ndarray, values: np.ndarray) -> None:
-        self.means[depths] += PRIOR_STEP * (values - self.means[depths])
-
     def observe_prefixes(self, values: np.ndarray, lengths: np.ndarray, starting: np.ndarray) -> np.ndarray:
         """Row i's values[i, :lengths[i]], one row after another (the prior is a running mean, so
         order matters). Returns the means as they stood before each `starting` row: a request's

@@ -60,8 +60,9 @@ def test_width_one_programs_have_depth_zero_and_all_extents_are_explicit():
 def test_population_prior_starts_at_half_to_the_d_and_moves_by_one_sixty_fourth():
     prior = PopulationPrior(4)
     assert np.allclose(prior.means, [0.5, 0.25, 0.125, 0.0625])
-    prior.observe(np.array([0]), np.array([1.0]))
+    prior.observe_prefixes(np.array([[1.0, 0.0, 0.0, 0.0]]), np.array([1]), np.array([False]))
     assert prior.means[0] == pytest.approx(0.5 + (1 - 0.5) / 64)
+    assert np.allclose(prior.means[1:], [0.25, 0.125, 0.0625])  # only the observed prefix moves
 
 
 def test_accepted_prefix_positive_rejection_zero_for_longer_offered_termination_censors():
