@@ -110,9 +110,9 @@ def _state_candidates(sched, view: PlanningView, costs) -> list:
     start = sched.queue.expected_end_ns(sched.now_ns)
     pages = lambda rows: sched.resources.extent_pages_of(sched.requests, rows)  # noqa: E731
     return (snapshot_candidates(sched.state, sched.requests, costs, view.log_scale, view.waiting, start)
-            + sched.anchors.candidates(sched.requests, sched.state.captures, costs, sched.shapes.decode,
+            + sched.anchors.candidates(sched.requests, sched.state.captures, costs, sched.shapes.decode_steps,
                                        derived(sched)[2], view.log_scale, view.waiting)
-            + restore_candidates(sched.state, sched.requests, costs, sched.shapes.prefill, sched.shapes.decode,
+            + restore_candidates(sched.state, sched.requests, costs, sched.shapes.prefill, sched.shapes.decode_steps,
                                  derived(sched)[2], view.log_scale, view.waiting, budget, pages,
                                  view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
 

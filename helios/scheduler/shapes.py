@@ -29,6 +29,15 @@ class ShapeSets:
         return self.scored_prefill if kind is GraphKind.SCORED_PREFILL else self.prefill
 
     @property
+    def decode_steps(self) -> tuple[GraphShape, ...]:
+        """The graphs that give a decoder its next token: decode, or with speculation loaded the
+        narrowest programs that replace it (width one when adaptive, K + 1 when fixed). A
+        prerequisite (anchor snapshot, restore) that enables a decode step is valued by these, at
+        the pending token (the deferred step's rule: no wider gain is guessed)."""
+        narrowest = min((s.token_capacity for s in self.speculative), default=None)
+        return self.decode + tuple(s for s in self.speculative if s.token_capacity == narrowest)
+
+    @property
     def delivery(self) -> tuple[GraphShape, ...]:
         """Every delivery-bearing family: one visible burst per lane, whatever its width. A mixed
         graph can deliver to all its rows (a decode-only population)."""

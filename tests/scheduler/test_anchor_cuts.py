@@ -6,10 +6,12 @@ admission and cancellation lose no request and leak nothing."""
 from __future__ import annotations
 
 
+import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from helios.config import PolicyConfig, SchedulerConfig
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.prepare import speculative_shapes
 from helios.scheduler import Scheduler
 from helios.scheduler.anchors import AnchorCuts, tiled_ms
 
@@ -194,3 +196,29 @@ def test_cancel_with_an_anchor_snapshot_in_flight_keeps_then_frees_the_row():
     s.complete(fence, records_for(p), ExecutionTiming((2 * MS,), wall_ns=2 * MS))
     assert s.plan() is None and h not in s.requests.index and not s.anchors.requests
     assert s.resources.free_slots == s.resources.total_slots and s.resources.free_pages == s.resources.total_pages
+
+
+def speculative_table(widths) -> dict:
+    shapes = speculative_shapes(4, widths, 16, ragged=False)
+    return {**{sh: 10 + 2 * sh.batch_capacity + sh.target_capacity for sh in shapes},
+            prefill(64): 30, prefill(256): 80, SNAP: 2, REST: 3}
+
+
+@pytest.mark.parametrize("mode, widths", [(SpeculationMode.ADAPTIVE, (1, 2)), (SpeculationMode.FIXED, (3,))])
+def test_an_anchor_snapshot_under_speculation_is_valued_by_the_decode_step_it_enables(mode, widths):
+    # With speculation loaded, width-one programs (or, fixed, the K + 1 ones) replace decode. The
+    # snapshot at a prompt end enables that step; valued by no graph it was worth nothing, ran
+    # only when nothing else could, and the server's chat streams decoded one at a time.
+    s = make(speculative_table(widths), config=SchedulerConfig(speculation=mode, copy_proposals=True))
+    first = s.admit(spec(prompt=300, out=200, endpoints=(250,)), 0)
+    fence, log = 0, []
+    while not any(p.shape.kind is GraphKind.SPECULATIVE for p, _ in log):  # the first stream decodes
+        fence += 1
+        p = s.plan()
+        log.append((p, step(s, p, fence)))
+    late = [s.admit(spec(prompt=300, out=40, endpoints=(250,)), s.now_ns) for _ in range(3)]
+    log, _ = drain(s, fence)
+    rounds = [p for p, _ in log if p.shape.kind is GraphKind.SPECULATIVE]
+    assert max(len(p.lanes) for p in rounds) == 4  # the late streams join the first one's rounds
+    assert not any(s.is_live(h) for h in [first, *late]) and not s.anchors.requests
+    assert s.resources.free_slots == s.resources.total_slots

@@ -9,9 +9,10 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helios.baselines import make_scheduler
-from helios.config import PolicyConfig, SchedulerConfig
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
+from helios.prepare import speculative_shapes
 from helios.scheduler import FinishReason, Scheduler
 
 from tests.scheduler.conftest import MS, FixedCosts, assert_all_ended, cancel_pick, decode, drain, make, prefill, sim_driver, spec, step
@@ -208,3 +209,25 @@ def test_restore_joins_a_shared_decode_batch_only_with_enough_value_per_time():
     assert kinds[0] is GraphKind.RESTORE and kinds[-1] is GraphKind.DECODE
     switch = kinds.index(GraphKind.DECODE)
     assert all(k is GraphKind.DECODE for k in kinds[switch:])
+
+
+def test_under_speculation_a_cheap_restore_still_joins_the_next_round():
+    """With speculation loaded, width-one programs replace decode: a preempted decoder's restore is
+    valued by the round it joins. Valued by the (absent) decode graphs it was worth nothing and
+    waited until no stream was left to decode."""
+    shapes = speculative_shapes(4, (1, 2), 8, ragged=False)
+    table = {**{sh: 10 + 2 * sh.target_capacity for sh in shapes}, prefill(64): 30, prefill(64, 4): 60,
+             prefill(256): 80, SNAP: 2, REST: 0.05}
+    s = make(table, config=SchedulerConfig(request_slots=4, speculation=SpeculationMode.ADAPTIVE,
+                                           copy_proposals=True))
+    handles = [s.admit(spec(prompt=64, out=40), 0) for _ in range(4)]
+    fence = 0
+    while any(s.request_row(h).output_done == 0 for h in handles):
+        fence += 1
+        step(s, s.plan(), fence)
+    s.preempt(handles[0], s.now_ns)
+    while s.state.captures:
+        fence += 1
+        step(s, s.plan(), fence)
+    assert handles[0] in s.state.restoring
+    assert s.plan().shape.kind is GraphKind.RESTORE
