@@ -189,8 +189,8 @@ def plan(sched) -> ScheduledPlan | None:
     # so adaptive copy speculation chooses widths with host allocation.
     device = sched.config.speculation is SpeculationMode.ADAPTIVE and not sched.config.copy_proposals
     if sched.shapes.speculative:
-        # Partial cohorts that cannot win are not built; stale ones are kept while a funded timing
-        # refresh could choose them.
+        # Programs whose score cannot reach another candidate's are not built; stale ones are kept
+        # while a funded timing refresh could choose them.
         candidates += speculative_candidates(sched.shapes.speculative, costs, view.decode, view.waiting, device,
                                              prune=True, keep_stale=sched.exploration.refresh.funded())
     budget = Budget(sched.resources.free_slots, sched.resources.free_pages) if view.prefill or sched.shapes.mixed else None
