@@ -176,11 +176,10 @@ def _submit_cached(sched, d, cached, n):
 
 
 # ---- restore -> decode lookahead ----------------------------------------------------------------
-def _preempted_with_running_decoders(restore_ms: float):
+def _preempted_with_running_decoders(restore_ms: float, table: dict = TABLE, **config):
     """Three running decoders and one preempted decoder whose snapshot completed: the next plan
     chooses between decoding the three now and restoring the fourth to share a decode batch."""
-    table = {**TABLE, REST: restore_ms}
-    s = make(table, config=SchedulerConfig(request_slots=4))
+    s = make({**table, REST: restore_ms}, config=SchedulerConfig(request_slots=4, **config))
     handles = [s.admit(spec(prompt=64, out=40), 0) for _ in range(4)]
     fence = 0
     while any(s.request_row(h).output_done == 0 for h in handles):
@@ -217,17 +216,6 @@ def test_under_speculation_a_cheap_restore_still_joins_the_next_round():
     waited until no stream was left to decode."""
     shapes = speculative_shapes(4, (1, 2), 8, ragged=False)
     table = {**{sh: 10 + 2 * sh.target_capacity for sh in shapes}, prefill(64): 30, prefill(64, 4): 60,
-             prefill(256): 80, SNAP: 2, REST: 0.05}
-    s = make(table, config=SchedulerConfig(request_slots=4, speculation=SpeculationMode.ADAPTIVE,
-                                           copy_proposals=True))
-    handles = [s.admit(spec(prompt=64, out=40), 0) for _ in range(4)]
-    fence = 0
-    while any(s.request_row(h).output_done == 0 for h in handles):
-        fence += 1
-        step(s, s.plan(), fence)
-    s.preempt(handles[0], s.now_ns)
-    while s.state.captures:
-        fence += 1
-        step(s, s.plan(), fence)
-    assert handles[0] in s.state.restoring
+             prefill(256): 80, SNAP: 2}
+    s = _preempted_with_running_decoders(0.05, table, speculation=SpeculationMode.ADAPTIVE, copy_proposals=True)
     assert s.plan().shape.kind is GraphKind.RESTORE
