@@ -14,7 +14,7 @@ import numpy as np
 
 from helios.scheduler.cost import CostState
 from helios.scheduler.policy import Candidate, LanePool, defers, finish_candidate
-from helios.scheduler.utility import ranked_lanes, stall_growth
+from helios.scheduler.utility import ranked_lanes, rate_score, stall_growth
 
 
 def device_allocate(joint: list, ceilings, slots, budget: int) -> list[int]:
@@ -218,17 +218,16 @@ class _Group:
         # The stall charge is at least zero, up to the rounding of its sums.
         stalls = pool.stall_total * stall_growth(t_ms, pool.tau_ms) / t_ms
         budget, d = shape.target_capacity, pool.deferred
-        if not self.constrained(m, budget):  # exactly m lanes are served (scalars)
+        if not self.constrained(m, budget):  # exactly m lanes are served: finish_candidate's own score
             full, drafts = self._top_lists[0][m], self._top_lists[1][m]
             slope = pool.age_slope * m
-            score = (full + slope * t_ms) / t_ms - 0.5 * t_ms * waiting  # rate_score
             size = (abs(full) + slope * t_ms) / t_ms + t_ms * waiting + stalls
-            step = None if d is None else d.step(d.count - m)
-            if step is not None:  # Deferred.score: the members' draft gains, the rest's base, then its step
-                total, left = t_ms + step, d.count - m
-                score = (d.value + drafts + slope * t_ms + d.slope * left * total) / total - 0.5 * total * waiting
-                size += (abs(d.value) + abs(drafts) + abs(d.slope * left) * total) / total + total * waiting
-            return score + 1e-9 * size + 1e-300
+            if d is None:
+                return rate_score(full, slope, t_ms, waiting) + 1e-9 * size + 1e-300
+            # Deferred.score reads the members' draft gains (value - served base) when it leaves
+            # decoders out; the terms it adds bound the margin.
+            size += (abs(d.value) + abs(drafts)) / t_ms + abs(d.slope) * d.count
+            return d.score(full, slope, t_ms, waiting, m, full - drafts) + 1e-9 * size + 1e-300
         full, drafts, base, gains = self._tops
         k = np.arange(1, m + 1)
         rows = gains[np.clip(budget - k, 0, len(gains) - 1)]
