@@ -42,8 +42,10 @@ class PromptRateLaw(Enum):
     waiting prompt's price grows linearly, and a partly prefilled one keeps its place; then the EWMA
     continues from the same rate. FIRST_OUTPUT (an option): the same mean, counting what the user has
     received, output tokens only, x = (x0 tau + o) / (tau + W): a chunk does not lower a prompt's price,
-    so older prompts keep outranking younger ones through their whole prefill. UNTIL_SERVED (ablation):
-    the PROMPT_PHASE mean only until the first service.
+    so older prompts keep outranking younger ones through their whole prefill. OUTPUT_EWMA (an option):
+    the table's EWMA, counting output tokens only, so a chunk does not lower a prompt's price either,
+    and a waiting prompt's price grows as e^(W/tau) from admission until its first token. UNTIL_SERVED
+    (ablation): the PROMPT_PHASE mean only until the first service.
     Why none is the presets' default: docs/scheduling-utility.md §6 (better SLO goodput on the
     simulated traces with mixed graphs; far later first tokens for a burst of prompts on the CPU server,
     where a prefill graph stalls the decoders for 10-20 tau and a linearly growing price cannot outbid
@@ -54,6 +56,18 @@ class PromptRateLaw(Enum):
     UNTIL_SERVED = "until_served"
     PROMPT_PHASE = "prompt_phase"
     FIRST_OUTPUT = "first_output"
+    OUTPUT_EWMA = "output_ewma"
+
+    @property
+    def mean_law(self) -> bool:
+        """Whether a request without output follows the mean rate rather than the EWMA."""
+        return self in (PromptRateLaw.UNTIL_SERVED, PromptRateLaw.PROMPT_PHASE, PromptRateLaw.FIRST_OUTPUT)
+
+    @property
+    def credits_prompt(self) -> bool:
+        """Whether consumed prompt tokens count as service in x (not on the laws that count only
+        what the user has received)."""
+        return self not in (PromptRateLaw.FIRST_OUTPUT, PromptRateLaw.OUTPUT_EWMA)
 
 
 class PreemptionPolicy(Enum):

@@ -244,12 +244,15 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if interval is not None:
         # Without prompt tokens the normalized service is the token counts (0 * r_d/r_p + count,
         # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
-        served = (frame.normalizers.normalized_service(lanes.prompt_tokens, counts) if prompt
+        # On the laws that count only what the user received, a chunk is no service (OUTPUT_EWMA;
+        # on FIRST_OUTPUT the mean law below replaces the prompt rows' EWMA anyway).
+        law = sched.policy.prompt_rate_law
+        credited = lanes.prompt_tokens if law.credits_prompt else 0
+        served = (frame.normalizers.normalized_service(credited, counts) if prompt
                   else 1.0 if checked.single else counts)
         # Rows on the mean-rate law count progress toward their first token instead (service.py).
-        law = sched.policy.prompt_rate_law
         progress = (first_token_progress(lanes.prompt_tokens, t.prompt_tokens[rows], counts,
-                                         law is not PromptRateLaw.FIRST_OUTPUT) if t.mean_law_rows else None)
+                                         law.credits_prompt) if t.mean_law_rows else None)
         account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
                          sched.policy.adaptation_ms, intact,
                          law is PromptRateLaw.UNTIL_SERVED, progress)

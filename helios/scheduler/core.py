@@ -7,7 +7,7 @@ from collections import deque
 
 import numpy as np
 
-from helios.config import PolicyConfig, PromptRateLaw, SchedulerConfig, SpeculationMode
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
 from helios.errors import InvalidRequest, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 import helios.scheduler.execution as execution
@@ -116,7 +116,7 @@ class Scheduler:
         handle = self._next_handle
         self._next_handle += 1
         # With the mean-rate law, the starting rate counts as one adaptation time of history.
-        window = None if self.policy.prompt_rate_law is PromptRateLaw.EWMA else self.policy.adaptation_ms
+        window = self.policy.adaptation_ms if self.policy.prompt_rate_law.mean_law else None
         self.requests.add(handle, request, self._starting_log_rate(), window)
         self.state.admitted(handle, request)
         self.anchors.admitted(handle, request, self.costs.estimate_ns)

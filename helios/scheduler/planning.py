@@ -67,7 +67,8 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         tokens, deliveries = np.zeros(n), np.zeros(n)
         # Expected service in the frame's own commit-time normalizers, as completion will count it.
         tokens[lp[mine]] = frame.normalizers.normalized_service(
-            lanes.prompt_tokens[mine], lanes.expected_tokens[mine] - lanes.prompt_tokens[mine])
+            lanes.prompt_tokens[mine] if law.credits_prompt else 0,
+            lanes.expected_tokens[mine] - lanes.prompt_tokens[mine])
         deliveries[lp[mine]] = lanes.expected_deliveries[mine]
         delivered = lp[mine & (lanes.expected_deliveries > 0)]
         has_delivery[delivered] = True
@@ -78,7 +79,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
             progress = np.zeros(n)
             progress[lp[mine]] = first_token_progress(
                 lanes.prompt_tokens[mine], t.prompt_tokens[frame.rows[mine]],
-                lanes.expected_tokens[mine] - lanes.prompt_tokens[mine], law is not PromptRateLaw.FIRST_OUTPUT)
+                lanes.expected_tokens[mine] - lanes.prompt_tokens[mine], law.credits_prompt)
             on = window[p] == window[p]
             m = p[on]
             log_x[m] = mean_rate_log(before[on], window[m], d, progress[m])

@@ -27,6 +27,7 @@ TABLE = {decode(1): 10.0, decode(2): 11.0, decode(4): 12.0, prefill(64): 8.0, pr
 MEAN = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
 UNTIL = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
 FIRST = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.FIRST_OUTPUT)
+OUTPUT = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.OUTPUT_EWMA)
 
 
 @settings(deadline=None, max_examples=60)
@@ -127,7 +128,50 @@ def test_on_first_output_only_the_first_token_counts_so_chunks_never_lower_the_p
     assert s.request_row(h).log_x == pytest.approx(float(ewma_log(entered, ms, served, TAU)), rel=1e-9)
 
 
-@pytest.mark.parametrize("policy, chunk_lowers_price", [(FIRST, False), (MEAN, True)], ids=["first_output", "prompt_phase"])
+def test_on_output_ewma_chunks_are_no_service_so_the_price_grows_as_e_to_the_wait():
+    """OUTPUT_EWMA: the table's EWMA with output tokens only. Through the prefill every frame, chunk or
+    not, multiplies the price by e^(d/tau) exactly; the frame that finishes the prompt counts its first
+    token; then the same EWMA counts the decoder's tokens."""
+    s, d, h = _prompt_behind_two_streams(OUTPUT, (40.0, 100.0))
+    assert s.requests.mean_law_rows == 0  # an EWMA law: nobody is on the mean
+    chunks = 0
+    while s.request_row(h).phase.value == PREFILL:
+        before = s.request_row(h).log_x
+        ms, progress, served = _step(s, d, h)
+        chunks += progress > 0
+        first = s.request_row(h).phase.value == DECODE  # this frame published the first token
+        assert s.request_row(h).log_x == pytest.approx(float(ewma_log(before, ms, 1.0 if first else 0.0, TAU)),
+                                                       rel=1e-9)
+        if not first:
+            assert s.request_row(h).log_x == pytest.approx(before - ms / TAU, rel=1e-9)
+            assert served > 0 or not progress  # a chunk the table's EWMA would have counted
+    assert chunks >= 2
+    before = s.request_row(h).log_x
+    ms, _, served = _step(s, d, h)
+    assert s.request_row(h).log_x == pytest.approx(float(ewma_log(before, ms, served, TAU)), rel=1e-9)
+
+
+def test_on_output_ewma_the_projection_of_a_queued_chunk_counts_no_service():
+    """Planning projects a queued prefill frame as completion will count it: no service for the chunk."""
+    s = make(TABLE, policy=OUTPUT)
+    d = Driver(s, FixedCosts(TABLE))
+    h = s.admit(spec(prompt=3000, out=8), 0)
+    plan = s.plan()
+    assert plan.shape.kind.name == "PREFILL"
+    d.fence += 1
+    s.commit(plan, d.fence)
+    rows = s.requests.live_rows()
+    before = s.request_row(h).log_x
+    projected = project_rates(s.requests, rows, s.queue, TAU, OUTPUT.prompt_rate_law)[0][list(rows).index(s.requests.row(h))]
+    ns = plan.estimated_duration_ns
+    assert float(projected) == pytest.approx(before - ns / MS / TAU, rel=1e-12)
+    s.advance_to(s.now_ns + ns)
+    s.complete(d.fence, records_for(plan), ExecutionTiming((ns,)))
+    assert s.request_row(h).log_x == pytest.approx(float(projected), rel=1e-12)
+
+
+@pytest.mark.parametrize("policy, chunk_lowers_price", [(FIRST, False), (OUTPUT, False), (MEAN, True)],
+                         ids=["first_output", "output_ewma", "prompt_phase"])
 def test_on_first_output_a_chunk_does_not_demote_a_prompt_below_its_twin(policy, chunk_lowers_price):
     """The PROMPT_PHASE behaviour FIRST_OUTPUT removes: two prompts admitted together, one served a chunk
     (batch-1 prefill graphs only), the other not. On PROMPT_PHASE the served one's credited progress lowers
@@ -240,3 +284,7 @@ def test_only_a_mean_law_puts_rows_on_it_and_the_presets_keep_the_ewma():
     assert m.requests.mean_law_rows == 1 and m.requests.rate_window_ms[m.requests.row(h)] == TAU
     m.cancel(h, 1)  # leaving by cancellation ends the law too
     assert m.requests.mean_law_rows == 0
+    o = make(TABLE, policy=OUTPUT)
+    h = o.admit(spec(prompt=64), 0)
+    assert o.requests.mean_law_rows == 0 and np.isnan(o.requests.rate_window_ms[o.requests.row(h)])
+    assert PolicyConfig(prompt_rate_law="output_ewma").prompt_rate_law is PromptRateLaw.OUTPUT_EWMA
