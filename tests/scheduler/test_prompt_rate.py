@@ -107,48 +107,43 @@ def test_a_prompt_phase_mean_lasts_until_the_first_output_then_the_ewma():
     assert s.request_row(h).log_x == pytest.approx(float(ewma_log(entered, ms, served, TAU)), rel=1e-9)
 
 
-def test_on_first_output_only_the_first_token_counts_so_chunks_never_lower_the_price():
-    """FIRST_OUTPUT: x = (x0 tau + o) / (tau + W). Through the prefill the price grows exactly as an unserved
-    prompt's, chunks or not; the interval that finishes the prompt counts its first token; then the EWMA."""
-    s, d, h = _prompt_behind_two_streams(FIRST, (40.0, 100.0))
+def _mean_of_output(s, h):
+    """FIRST_OUTPUT's x = (x0 tau + o) / (tau + W), frame by frame."""
     mass, elapsed = math.exp(s.request_row(h).log_x) * TAU, TAU
+
+    def after(before, ms, first):
+        nonlocal mass, elapsed
+        mass, elapsed = mass + (1.0 if first else 0.0), elapsed + ms
+        return math.log(mass / elapsed)
+    return after
+
+
+def _ewma_of_output(s, h):
+    """OUTPUT_EWMA's x: the table's EWMA of output tokens (an unserved frame divides x by e^(d/tau))."""
+    return lambda before, ms, first: float(ewma_log(before, ms, 1.0 if first else 0.0, TAU))
+
+
+@pytest.mark.parametrize("policy, law", [(FIRST, _mean_of_output), (OUTPUT, _ewma_of_output)],
+                         ids=["first_output", "output_ewma"])
+def test_only_the_first_token_counts_so_chunks_never_lower_the_price(policy, law):
+    """FIRST_OUTPUT and OUTPUT_EWMA count what the user received. Through the prefill the price grows
+    exactly as an unserved prompt's (linearly on the mean, by e^(d/tau) a frame on the EWMA), chunks or
+    not; the interval that finishes the prompt counts its first token; then the EWMA."""
+    s, d, h = _prompt_behind_two_streams(policy, (40.0, 100.0))
+    expected = law(s, h)
     chunks = 0
     while s.request_row(h).phase.value == PREFILL:
         before = s.request_row(h).log_x
         ms, progress, _ = _step(s, d, h)
         chunks += progress > 0
         first = s.request_row(h).phase.value == DECODE  # this frame published the first token
-        mass, elapsed = mass + (1.0 if first else 0.0), elapsed + ms
-        assert s.request_row(h).log_x == pytest.approx(math.log(mass / elapsed), rel=1e-9)
+        assert s.request_row(h).log_x == pytest.approx(expected(before, ms, first), rel=1e-9)
         if not first:
             assert s.request_row(h).log_x < before  # a chunk lowered nothing: the price kept growing
     assert chunks >= 2  # several chunks, none of them counted
     entered = s.request_row(h).log_x
     ms, _, served = _step(s, d, h)
     assert s.request_row(h).log_x == pytest.approx(float(ewma_log(entered, ms, served, TAU)), rel=1e-9)
-
-
-def test_on_output_ewma_chunks_are_no_service_so_the_price_grows_as_e_to_the_wait():
-    """OUTPUT_EWMA: the table's EWMA with output tokens only. Through the prefill every frame, chunk or
-    not, multiplies the price by e^(d/tau) exactly; the frame that finishes the prompt counts its first
-    token; then the same EWMA counts the decoder's tokens."""
-    s, d, h = _prompt_behind_two_streams(OUTPUT, (40.0, 100.0))
-    assert s.requests.mean_law_rows == 0  # an EWMA law: nobody is on the mean
-    chunks = 0
-    while s.request_row(h).phase.value == PREFILL:
-        before = s.request_row(h).log_x
-        ms, progress, served = _step(s, d, h)
-        chunks += progress > 0
-        first = s.request_row(h).phase.value == DECODE  # this frame published the first token
-        assert s.request_row(h).log_x == pytest.approx(float(ewma_log(before, ms, 1.0 if first else 0.0, TAU)),
-                                                       rel=1e-9)
-        if not first:
-            assert s.request_row(h).log_x == pytest.approx(before - ms / TAU, rel=1e-9)
-            assert served > 0 or not progress  # a chunk the table's EWMA would have counted
-    assert chunks >= 2
-    before = s.request_row(h).log_x
-    ms, _, served = _step(s, d, h)
-    assert s.request_row(h).log_x == pytest.approx(float(ewma_log(before, ms, served, TAU)), rel=1e-9)
 
 
 def test_on_output_ewma_the_projection_of_a_queued_chunk_counts_no_service():

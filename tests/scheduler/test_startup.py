@@ -8,9 +8,11 @@ Each 64-token prompt must deliver its first output within 100 ms, later gaps sta
 burst (one token without speculation).
 """
 
+from dataclasses import replace
+
 import pytest
 
-from helios.config import PolicyConfig, SchedulerConfig, preset
+from helios.config import PolicyConfig, PromptRateLaw, SchedulerConfig, preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog
 from helios.scheduler import RequestSpec
@@ -28,10 +30,12 @@ STARTUP_CATALOG = {
 
 @pytest.mark.parametrize("n", [5, 16])
 @pytest.mark.parametrize("noise", [0.0, 0.05])
-@pytest.mark.parametrize("policy", ["table", "balanced"])  # the spec's table and the balanced preset
+# The spec's table, the balanced preset, and the preset with the OUTPUT_EWMA option.
+@pytest.mark.parametrize("policy", ["table", "balanced", "output_ewma"])
 def test_startup_trace_first_output_gaps_and_progress_spread(n, noise, policy):
     costs = FixedCosts(STARTUP_CATALOG)
-    policy = PolicyConfig() if policy == "table" else preset("balanced")
+    policy = {"table": PolicyConfig(), "balanced": preset("balanced"),
+              "output_ewma": replace(preset("balanced"), prompt_rate_law=PromptRateLaw.OUTPUT_EWMA)}[policy]
     s = make(STARTUP_CATALOG, config=SchedulerConfig(kv_pages=1 << 16), policy=policy)
     core = SimCore(Catalog(STARTUP_CATALOG), costs, seed=n, noise=noise)
     sim = Simulation(s, core)
