@@ -11,6 +11,12 @@ class ConfigError(HeliosError, ValueError):
     def __init__(self, field: str, message: str):
         super().__init__(f"{field}: {message}")
         self.field = field
+        self.message = message
+
+    def __reduce__(self):
+        # Rebuilt from its two fields: a worker process's error then reaches the parent intact
+        # instead of breaking the process pool when the default (one-argument) unpickling fails.
+        return type(self), (self.field, self.message)
 
 
 class UnknownRequest(HeliosError, KeyError):

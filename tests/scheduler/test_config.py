@@ -1,6 +1,8 @@
 """Policy preferences: the spec's defaults table, presets, overrides and validation."""
 
 import math
+import pickle
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import replace
 
 import pytest
@@ -85,3 +87,15 @@ def test_scheduler_config_bounds_selection_to_64_slots_and_two_frames():
         SchedulerConfig(frame_slots=3)
     with pytest.raises(ConfigError, match="request_slots"):
         SchedulerConfig(request_slots=0)
+
+
+def test_a_config_error_survives_a_process_boundary():
+    """A ConfigError raised in a worker (the study and report process pools) reaches the parent with its
+    field and message, instead of breaking the pool when it cannot be unpickled."""
+    with pytest.raises(ConfigError) as raised:
+        PolicyConfig(prompt_rate_law="first_output;stall_bound_ms=350")
+    copy = pickle.loads(pickle.dumps(raised.value))
+    assert type(copy) is ConfigError
+    assert (copy.field, str(copy)) == ("prompt_rate_law", str(raised.value))
+    with ProcessPoolExecutor(1) as pool, pytest.raises(ConfigError, match="prompt_rate_law: unknown law"):
+        pool.submit(PolicyConfig, prompt_rate_law="nope").result()
