@@ -82,6 +82,12 @@ def _prompt_behind_two_streams(policy, prefill_ms):
     return s, d, s.admit(spec(prompt=600, out=8), s.now_ns)
 
 
+def _projected_log_x(s, h, law=PromptRateLaw.EWMA):
+    """`h`'s log rate as planning projects it through the queued frames."""
+    rows = s.requests.live_rows()
+    return project_rates(s.requests, rows, s.queue, TAU, law)[0][list(rows).index(s.requests.row(h))]
+
+
 def _step(s, d, h):
     """One frame: the plan, its duration in ms, and `h`'s first-token progress and EWMA service in it."""
     plan = d.run_one()
@@ -155,9 +161,8 @@ def test_on_output_ewma_the_projection_of_a_queued_chunk_counts_no_service():
     assert plan.shape.kind.name == "PREFILL"
     d.fence += 1
     s.commit(plan, d.fence)
-    rows = s.requests.live_rows()
     before = s.request_row(h).log_x
-    projected = project_rates(s.requests, rows, s.queue, TAU, OUTPUT.prompt_rate_law)[0][list(rows).index(s.requests.row(h))]
+    projected = _projected_log_x(s, h, OUTPUT.prompt_rate_law)
     ns = plan.estimated_duration_ns
     assert float(projected) == pytest.approx(before - ns / MS / TAU, rel=1e-12)
     s.advance_to(s.now_ns + ns)
@@ -217,8 +222,7 @@ def test_the_projection_counts_a_waiting_prompt_on_the_mean_law_as_completion_wi
     assert plan.shape.kind.name == "DECODE"
     d.fence += 1
     s.commit(plan, d.fence)
-    rows = s.requests.live_rows()
-    projected = project_rates(s.requests, rows, s.queue, TAU)[0][list(rows).index(s.requests.row(h))]
+    projected = _projected_log_x(s, h)
     ns = plan.estimated_duration_ns
     s.advance_to(s.now_ns + ns)
     s.complete(d.fence, records_for(plan), ExecutionTiming((ns,)))
