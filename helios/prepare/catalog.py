@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from helios.config import SpeculationMode
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
-from helios.prepare.mixed import DEFAULT_COMPLETION_TOKEN_CAPACITY, check_mixed_widths, mixed_shapes
+from helios.prepare.mixed import (DEFAULT_COMPLETION_TOKEN_CAPACITY, PROMPT_STEPS, check_mixed_widths, check_prompt_steps,
+                                  mixed_shapes)
 from helios.prepare.ordinary import ordinary_catalog
 from helios.prepare.speculative import with_speculation
 
@@ -34,6 +35,7 @@ class Capacities:
     ragged                       where B x W exceeds R, prepare a ragged program with P = R
     mixed_prefill                also prepare mixed prefill/generation graphs (`--mixed-prefill`)
     completion_token_capacity    the core's bound on a mixed graph's decode width (8 when undeclared)
+    mixed_prompt_steps           mixed prompt buckets per factor of four (3: the spec's worked example)
     vision_feature_storage       prepared feature rows per vision window (0: no vision graphs). With it,
                                  VISION graphs B x storage at the power-of-two buckets up to
                                  min(max_batch, 8), and one-row SNAPSHOT and RESTORE graphs for the
@@ -51,6 +53,7 @@ class Capacities:
     mixed_prefill: bool = False
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY
     vision_feature_storage: int = 0
+    mixed_prompt_steps: int = PROMPT_STEPS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_chunks", tuple(sorted(set(self.prefill_chunks))))
@@ -69,6 +72,7 @@ class Capacities:
         cap = self.completion_token_capacity
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise ConfigError("completion_token_capacity", f"must be a positive integer, got {cap!r}")
+        check_prompt_steps(self.mixed_prompt_steps)
         storage = self.vision_feature_storage
         if isinstance(storage, bool) or not isinstance(storage, int) or storage < 0:
             raise ConfigError("vision_feature_storage", f"must be a nonnegative integer, got {storage!r}")
@@ -88,7 +92,7 @@ def build_catalog(capacities: Capacities) -> Catalog:
     spec_on = c.speculation is not SpeculationMode.OFF
     drafts = max(c.widths) - 1 if spec_on else 0
     mixed = mixed_shapes(c.max_batch, max(c.prefill_chunks), drafts, c.speculative_token_capacity,
-                         c.completion_token_capacity, c.widths)
+                         c.completion_token_capacity, c.widths, c.mixed_prompt_steps)
     check_mixed_widths(mixed, c.completion_token_capacity)
     return Catalog(list(catalog) + mixed)
 

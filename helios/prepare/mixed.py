@@ -6,9 +6,13 @@ envelope (B x W <= R). That bucket minimizes max(P / P_min, P_max / P), the wors
 distance to the shortest and longest prompt chunks; ties choose the smaller bucket.
 
 The prompt-bucket ladder (the spec leaves it open): the ordinary prefill chunks are powers of four
-(64, 256, 1024, 4096); the mixed ladder puts three geometric steps in each factor of four
-(ratio 4^(1/3) ~ 1.59), each rounded to the nearest multiple of 64, from 64 up to the largest
-chunk, which is always a bucket: 64, 128, 192, 256, 384, 640, 1024, 1600, 2560, 4096 for 4096.
+(64, 256, 1024, 4096); the mixed ladder puts `steps` geometric steps in each factor of four
+(ratio 4^(1/steps)), each rounded to the nearest multiple of 64, from 64 up to the largest chunk,
+which is always a bucket. The default, three steps (ratio ~1.59), gives the spec's worked example
+its ten buckets: 64, 128, 192, 256, 384, 640, 1024, 1600, 2560, 4096 for 4096. A prompt's last
+chunk runs in the smallest bucket that holds it, so the ladder's ratio bounds the padding a prompt
+tail pays; twelve steps (ratio ~1.12, 26 buckets for 4096) is the simulator's H100 setup
+(helios.sim.experiment.Setup). Below 256 tokens the rounding to 64 leaves every ladder the same.
 
 Speculative and ordinary variants: the speculative catalog's width-one graphs keep the draft
 context (the scheduler's speculation mode says so; the shape identity is the same), and its wider
@@ -32,18 +36,26 @@ from helios.prepare.ordinary import power_of_two_buckets
 # Eight when the core declares no completion token capacity.
 DEFAULT_COMPLETION_TOKEN_CAPACITY = 8
 MIXED_MAX_BATCH = 64
+PROMPT_STEPS = 3  # geometric prompt buckets per factor of four (the spec's worked example)
 
 
-def prompt_buckets(prefill_capacity: int) -> tuple[int, ...]:
-    """The mixed prompt-bucket ladder up to `prefill_capacity` (see the module docstring)."""
+def prompt_buckets(prefill_capacity: int, steps: int = PROMPT_STEPS) -> tuple[int, ...]:
+    """The mixed prompt-bucket ladder up to `prefill_capacity`, `steps` buckets per factor of four
+    (see the module docstring)."""
     if not isinstance(prefill_capacity, int) or prefill_capacity < 64 or prefill_capacity % 64:
         raise ConfigError("prefill_capacity", f"must be a positive multiple of 64, got {prefill_capacity!r}")
+    check_prompt_steps(steps)
     buckets, k = {prefill_capacity}, 0
-    # 64 * 4^(k/3) below the capacity, rounded to the nearest multiple of 64 (half up).
-    while (value := 64 * 4 ** (k / 3)) < prefill_capacity:
+    # 64 * 4^(k/steps) below the capacity, rounded to the nearest multiple of 64 (half up).
+    while (value := 64 * 4 ** (k / steps)) < prefill_capacity:
         buckets.add(min(prefill_capacity, 64 * int(value / 64 + 0.5)))
         k += 1
     return tuple(sorted(buckets))
+
+
+def check_prompt_steps(steps: int) -> None:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError("mixed_prompt_steps", f"must be a positive integer, got {steps!r}")
 
 
 def balanced_bucket(buckets: Iterable[int]) -> int:
@@ -56,7 +68,7 @@ def balanced_bucket(buckets: Iterable[int]) -> int:
 
 def mixed_shapes(max_batch: int, prefill_capacity: int, drafts: int = 0, token_capacity: int = 16,
                  completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY,
-                 widths: Iterable[int] | None = None) -> list[GraphShape]:
+                 widths: Iterable[int] | None = None, prompt_steps: int = PROMPT_STEPS) -> list[GraphShape]:
     """The mixed graphs of a core.
 
     max_batch                   largest request bucket (concurrency); mixed buckets are its
@@ -66,6 +78,7 @@ def mixed_shapes(max_batch: int, prefill_capacity: int, drafts: int = 0, token_c
     token_capacity              R, the target-token envelope of wider graphs: B x W <= R
     completion_token_capacity   the core's bound on W (8 when it declares none)
     widths                      wider widths the core prepares (default: every W in 2..drafts + 1)
+    prompt_steps                prompt buckets per factor of four (`prompt_buckets`)
     """
     if not isinstance(drafts, int) or drafts < 0:
         raise ConfigError("drafts", f"must be a nonnegative integer, got {drafts!r}")
@@ -74,7 +87,7 @@ def mixed_shapes(max_batch: int, prefill_capacity: int, drafts: int = 0, token_c
     if token_capacity < 1:
         raise ConfigError("speculative_token_capacity", "R must be positive")
     buckets = [b for b in power_of_two_buckets(min(max_batch, MIXED_MAX_BATCH)) if b >= 2]
-    prompts = prompt_buckets(prefill_capacity)
+    prompts = prompt_buckets(prefill_capacity, prompt_steps)
     shapes = [GraphShape(GraphKind.MIXED, b, 1, 0, 0, c) for b in buckets for c in prompts]
     if drafts == 0:
         return shapes

@@ -61,6 +61,8 @@ def _setup_lines(cfg) -> list[str]:
     catalog = s.catalog()
     decode = sorted(x.batch_capacity for x in catalog.of_kind(GraphKind.DECODE))
     prefill = catalog.of_kind(GraphKind.PREFILL)
+    mixed_ladder = sorted({x.prefill_capacity for x in s.catalog(mixed=True).of_kind(GraphKind.MIXED)
+                           if x.token_capacity == 1})
     cm = load_cost_model(s.cost_model)
     overhead = getattr(cm, "overhead_ms", None)
     return [
@@ -72,7 +74,8 @@ def _setup_lines(cfg) -> list[str]:
         f"- **Resources** {s.request_slots} request slots, {s.config().kv_pages} KV pages of {s.page_tokens} tokens "
         f"(every slot at its full {s.max_context}-token context, so page reservation never binds).",
         "- **Mixed graphs** " + ("on for the Helios schedulers (`--mixed-prefill`: the mixed prefill+decode catalog "
-                                 "is added to theirs); the baselines keep their own rules." if s.mixed_prefill else
+                                 f"is added to theirs, prompt buckets {', '.join(map(str, mixed_ladder))}); the "
+                                 "baselines keep their own rules." if s.mixed_prefill else
                                  "off: Helios runs separate prefill and decode graphs."),
         "- **Prefix reuse** " + ("rows added (`+reuse`) on the traces with block hashes: automatic prefix caching "
                                  "by 512-token block-hash chains for every scheduler alike, bounded by the same KV "

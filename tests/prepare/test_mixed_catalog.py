@@ -27,7 +27,7 @@ def test_the_spec_worked_example_gives_22_speculative_and_20_ordinary_mixed_grap
     assert max_packed_extent(speculative) == 4096 + 3 and max_packed_extent(ordinary) == 4096 + 3
 
 
-def test_the_prompt_ladder_has_three_steps_per_factor_of_four():
+def test_the_default_prompt_ladder_has_three_steps_per_factor_of_four_as_in_the_spec_example():
     assert prompt_buckets(4096) == (64, 128, 192, 256, 384, 640, 1024, 1600, 2560, 4096)
     assert prompt_buckets(1024) == (64, 128, 192, 256, 384, 640, 1024)
     assert prompt_buckets(64) == (64,)
@@ -36,6 +36,45 @@ def test_the_prompt_ladder_has_three_steps_per_factor_of_four():
         assert all(b % 64 == 0 and 64 <= b <= c for b in prompt_buckets(c))
     with pytest.raises(ConfigError):
         prompt_buckets(100)
+
+
+def test_a_finer_ladder_puts_twelve_steps_in_each_factor_of_four():
+    assert prompt_buckets(4096, 12) == (64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 832, 896, 1024, 1152,
+                                        1280, 1472, 1600, 1856, 2048, 2304, 2560, 2880, 3264, 3648, 4096)
+    # Below 256 tokens the rounding to 64 leaves every ladder alike (flare run's default capacity).
+    assert prompt_buckets(256, 12) == prompt_buckets(256) == (64, 128, 192, 256)
+    assert balanced_bucket(prompt_buckets(4096, 12)) == 512  # sqrt(64 x 4096) is on this ladder
+    for steps in (0, -1, 1.5, True):
+        with pytest.raises(ConfigError, match="mixed_prompt_steps"):
+            prompt_buckets(4096, steps)
+
+
+@pytest.mark.parametrize("steps", [1, 2, 3, 6, 12])
+def test_every_chunk_pads_by_at_most_the_ladder_ratio_and_the_rounding(steps):
+    # Exhaustive over every chunk length n up to the capacity; its bucket is the smallest one holding
+    # it. The first geometric value 64 * 4^(k/steps) at or above n + 32 rounds to a multiple of 64 that
+    # holds n, and its predecessor was below n + 32, so the bucket is below (n + 32) * ratio + 32.
+    ratio = 4 ** (1 / steps)
+    for capacity in (1024, 4096, 8192):
+        ladder = prompt_buckets(capacity, steps)
+        assert ladder[-1] == capacity and all(b % 64 == 0 for b in ladder)
+        bucket = [None] * (capacity + 1)
+        i = len(ladder) - 1
+        for n in range(capacity, 0, -1):
+            while i > 0 and ladder[i - 1] >= n:
+                i -= 1
+            bucket[n] = ladder[i]
+        assert all(n <= bucket[n] < (n + 32) * ratio + 32 for n in range(1, capacity + 1))
+
+
+def test_capacities_carry_the_ladder_into_the_catalog():
+    coarse = build_catalog(Capacities(16, (64, 4096), mixed_prefill=True))
+    fine = build_catalog(Capacities(16, (64, 4096), mixed_prefill=True, mixed_prompt_steps=12))
+    ladder = lambda c: sorted({s.prefill_capacity for s in c.of_kind(GraphKind.MIXED)})  # noqa: E731
+    assert ladder(coarse) == list(prompt_buckets(4096)) and ladder(fine) == list(prompt_buckets(4096, 12))
+    assert len(fine.of_kind(GraphKind.MIXED)) == 4 * 26  # buckets 2, 4, 8, 16
+    with pytest.raises(ConfigError, match="mixed_prompt_steps"):
+        Capacities(16, (64,), mixed_prefill=True, mixed_prompt_steps=0)
 
 
 def test_the_wider_bucket_balances_short_and_long_prompts_ties_to_the_smaller():

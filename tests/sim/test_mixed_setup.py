@@ -20,6 +20,18 @@ def test_only_helios_gets_the_mixed_catalog(name):
     assert bool(catalog.of_kind(GraphKind.MIXED)) is helios
 
 
+def test_the_simulated_engine_prepares_the_fine_prompt_ladder():
+    from helios.errors import ConfigError
+    from helios.prepare import prompt_buckets
+
+    mixed = MIXED_SETUP.catalog(mixed=True).of_kind(GraphKind.MIXED)
+    assert sorted({s.prefill_capacity for s in mixed}) == list(prompt_buckets(4096, 12))
+    coarse = Setup(request_slots=16, mixed_prefill=True, mixed_prompt_steps=3).catalog(mixed=True)
+    assert sorted({s.prefill_capacity for s in coarse.of_kind(GraphKind.MIXED)}) == list(prompt_buckets(4096))
+    with pytest.raises(ConfigError, match="mixed_prompt_steps"):
+        Setup(mixed_prompt_steps=0)
+
+
 @pytest.mark.parametrize("name", ["helios-balanced", "sarathi"])
 def test_a_mixed_run_finishes_every_request(name):
     r = run_trace(name, "azure", window_s=WINDOW, scale=1.0, setup=MIXED_SETUP, seed=0, progress=False)
