@@ -36,6 +36,7 @@ from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, Stopp
 from helios.errors import ConfigError, InvalidRequest
 from helios.graphs import Catalog, GraphKind
 from helios.prepare import Capacities, build_catalog
+from helios.prepare.mixed import PROMPT_STEPS
 from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, RequestHandle, ScheduledPlan
 
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
@@ -82,7 +83,7 @@ class TorchCore:
                  widths: Sequence[int] = (1, 2, 4), speculative_token_capacity: int = 16,
                  num_threads: int | None = None, device: str | torch.device = "cpu",
                  loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32,
-                 mixed_prefill: bool = False, checkpoint_memory: int = 0):
+                 mixed_prefill: bool = False, checkpoint_memory: int = 0, mixed_prompt_steps: int = PROMPT_STEPS):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
@@ -96,7 +97,7 @@ class TorchCore:
         # Copy proposals carry no device confidence, so both allocate rows on the host (no ragged).
         chosen = (max(widths),) if speculation is SpeculationMode.FIXED else tuple(widths)
         # Mixed graphs only when asked (flare run --mixed-prefill), so existing catalogs stay as they are.
-        mixed = {"mixed_prefill": True} if mixed_prefill else {}
+        mixed = {"mixed_prefill": True, "mixed_prompt_steps": mixed_prompt_steps} if mixed_prefill else {}
         self.capacities = Capacities(max_batch, tuple(prefill_chunks), speculation=speculation, widths=chosen,
                                      speculative_token_capacity=speculative_token_capacity, ragged=False, **mixed)
         catalog = build_catalog(self.capacities)

@@ -22,6 +22,7 @@ from helios.engine.echo_core import EchoSimCore
 from helios.errors import ConfigError
 from helios.graphs import GraphKind
 from helios.prepare import Capacities, prefill_chunks
+from helios.prepare.mixed import PROMPT_STEPS
 from helios.server.warmup import WarmupReport, warm_up
 
 
@@ -49,6 +50,7 @@ class EngineOptions:
     weights: str = "fp32"  # torch engine: fp32 (reference tokens) or int8 (faster, other tokens)
     tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
+    mixed_prompt_steps: int = PROMPT_STEPS  # their prompt buckets per factor of four (helios.prepare.mixed)
     # torch engine: host memory for conversation checkpoints (SNAPSHOT/RESTORE graphs); 0 disables.
     checkpoint_memory_mib: int = 2048
     # Automatic preemption (helios.scheduler.preemption) with the Helios scheduler: "price" or
@@ -120,7 +122,8 @@ def build_backend(options: EngineOptions) -> Backend:
         capacities = Capacities(options.slots, chunks, speculation=speculation, widths=(1, 2, 4),
                                 speculative_token_capacity=options.speculative_token_capacity,
                                 ragged=speculation is SpeculationMode.ADAPTIVE,
-                                **({"mixed_prefill": True} if options.mixed_prefill else {}))
+                                **({"mixed_prefill": True, "mixed_prompt_steps": options.mixed_prompt_steps}
+                                   if options.mixed_prefill else {}))
         core, model_id = EchoSimCore(capacities, request_slots=options.slots, max_context=options.max_context,
                                      pace=options.sim_pace), "helios-sim"
     elif options.engine == "torch":
@@ -175,7 +178,7 @@ def _torch_core(options, speculation, chunks):
     kwargs = dict(request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
                   max_batch=options.slots, speculation=speculation,
                   speculative_token_capacity=options.speculative_token_capacity, device=options.device,
-                  mixed_prefill=options.mixed_prefill)
+                  mixed_prefill=options.mixed_prefill, mixed_prompt_steps=options.mixed_prompt_steps)
     if options.tensor_parallel > 1:
         from helios.engine.tensor_parallel import TensorParallelCore
 

@@ -23,6 +23,7 @@ _FLAGS = {
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
     "weights": "--weights", "tensor_parallel": "--tensor-parallel", "preemption": "--preemption",
+    "mixed_prompt_steps": "--mixed-prompt-steps",
     "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
 }
 
@@ -81,6 +82,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="R: aggregate target rows of a speculative program (default 16)")
     g.add_argument("--mixed-prefill", action="store_true",
                    help="also prepare mixed graphs: one prompt chunk and the decode rows in one forward")
+    g.add_argument("--mixed-prompt-steps", type=positive_int, default=3, metavar="N",
+                   help="with --mixed-prefill: prompt buckets per factor of four up to --prefill-capacity "
+                        "(default 3, the spec's ladder; more buckets pad a prompt's last chunk less, and "
+                        "change nothing below 256 tokens)")
     g.add_argument("--checkpoint-memory", type=nonnegative_int, default=2048, metavar="MIB",
                    help="torch engine: host memory for conversation checkpoints, in MiB (default 2048, about "
                         "45k SmolLM2 tokens); a chat turn that extends a stored conversation restores it "
@@ -147,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
             tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
+            mixed_prompt_steps=args.mixed_prompt_steps,
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
         backend = build_backend(options)

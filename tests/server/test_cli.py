@@ -39,6 +39,7 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--preemption", "sometimes"], "--preemption"),
     (["--preemption-quantum-ms", "-1"], "--preemption-quantum-ms"),
     (["--preemption-price-ratio", "0.5"], "--preemption-price-ratio"),
+    (["--mixed-prompt-steps", "0"], "--mixed-prompt-steps"),
 ])
 def test_invalid_flags_exit_2_with_one_line(capsys, argv, flag):
     try:
@@ -68,6 +69,26 @@ def test_stall_bound_is_off_unless_asked_for():
     assert build_backend(EngineOptions(engine="sim")).scheduler.policy.stall_bound_ms is None
     assert build_backend(EngineOptions(engine="sim", stall_bound_ms=350.0)).scheduler.policy.stall_bound_ms == 350.0
     assert build_parser().parse_args(["run", "--scheduler-stall-bound-ms", "350"]).scheduler_stall_bound_ms == 350.0
+
+
+def test_the_mixed_prompt_ladder_reaches_the_catalog():
+    """--mixed-prompt-steps sets the mixed catalog's prompt buckets per factor of four (default 3,
+    the spec's ladder); a bad value from the API is a ConfigError naming it."""
+    from helios.errors import ConfigError
+    from helios.graphs import GraphKind
+    from helios.prepare import prompt_buckets
+    from helios.server import EngineOptions, build_backend
+
+    def ladder(**kw):
+        options = EngineOptions(engine="sim", mixed_prefill=True, prefill_capacity=1024, max_context=2048, **kw)
+        mixed = build_backend(options).scheduler.catalog.of_kind(GraphKind.MIXED)
+        return sorted({s.prefill_capacity for s in mixed})
+
+    assert ladder() == list(prompt_buckets(1024)) == [64, 128, 192, 256, 384, 640, 1024]
+    assert ladder(mixed_prompt_steps=12) == list(prompt_buckets(1024, 12))
+    assert build_parser().parse_args(["run", "--mixed-prompt-steps", "6"]).mixed_prompt_steps == 6
+    with pytest.raises(ConfigError, match="mixed_prompt_steps"):
+        build_backend(EngineOptions(engine="sim", mixed_prefill=True, mixed_prompt_steps=0))
 
 
 def test_preemption_flags_reach_the_helios_scheduler_only():
