@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from helios.config import SpeculationMode
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
-from helios.prepare.mixed import (DEFAULT_COMPLETION_TOKEN_CAPACITY, PROMPT_STEPS, check_mixed_widths, check_prompt_steps,
-                                  mixed_shapes)
+from helios.prepare.mixed import (DEFAULT_COMPLETION_TOKEN_CAPACITY, PROMPT_STEPS, check_mixed_widths,
+                                  check_prompt_steps, mixed_shapes)
 from helios.prepare.ordinary import ordinary_catalog
 from helios.prepare.speculative import with_speculation
 
