@@ -28,8 +28,14 @@ def _sim_report(args: argparse.Namespace) -> int:
     from helios.sim.report import ReportConfig, quick, run_report
 
     cost_model = args.profile or args.cost_model
-    ladder = {} if args.mixed_prompt_steps is None else {"mixed_prompt_steps": args.mixed_prompt_steps}
-    cfg = ReportConfig(setup=Setup(cost_model=cost_model, mixed_prefill=args.mixed_prefill, **ladder))
+    ladder = {k: v for k, v in (("mixed_prompt_steps", args.mixed_prompt_steps),
+                                ("mixed_prompt_capacity", args.mixed_prompt_capacity)) if v is not None}
+    try:
+        setup = Setup(cost_model=cost_model, mixed_prefill=args.mixed_prefill, **ladder)
+    except ConfigError as exc:
+        print(f"flare sim report: {exc}", file=sys.stderr)
+        return 2
+    cfg = ReportConfig(setup=setup)
     if args.quick:
         cfg = quick(cfg)
     traces = args.traces
@@ -141,6 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--mixed-prompt-steps", type=positive_int, metavar="N",
                         help="with --mixed-prefill: prompt buckets per factor of four in the mixed catalog "
                              "(default 12, 26 buckets up to 4096; 3 is the spec's worked example)")
+    report.add_argument("--mixed-prompt-capacity", type=positive_int, metavar="TOKENS",
+                        help="with --mixed-prefill: the largest prompt chunk of a mixed graph, a multiple of 64 "
+                             "(default 2048; longer chunks run in the prefill graphs, up to 4096)")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)

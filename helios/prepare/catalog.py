@@ -36,6 +36,9 @@ class Capacities:
     mixed_prefill                also prepare mixed prefill/generation graphs (`--mixed-prefill`)
     completion_token_capacity    the core's bound on a mixed graph's decode width (8 when undeclared)
     mixed_prompt_steps           mixed prompt buckets per factor of four (3: the spec's worked example)
+    mixed_prompt_capacity        the largest prompt chunk of a mixed graph, a multiple of 64 up to the
+                                 largest prefill chunk (None: the largest prefill chunk); longer
+                                 prompts still have the ordinary prefill graphs
     vision_feature_storage       prepared feature rows per vision window (0: no vision graphs). With it,
                                  VISION graphs B x storage at the power-of-two buckets up to
                                  min(max_batch, 8), and one-row SNAPSHOT and RESTORE graphs for the
@@ -54,6 +57,7 @@ class Capacities:
     completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY
     vision_feature_storage: int = 0
     mixed_prompt_steps: int = PROMPT_STEPS
+    mixed_prompt_capacity: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_chunks", tuple(sorted(set(self.prefill_chunks))))
@@ -73,6 +77,11 @@ class Capacities:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise ConfigError("completion_token_capacity", f"must be a positive integer, got {cap!r}")
         check_prompt_steps(self.mixed_prompt_steps)
+        top = self.mixed_prompt_capacity
+        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 64 or top % 64
+                                or top > max(self.prefill_chunks)):
+            raise ConfigError("mixed_prompt_capacity", f"must be a multiple of 64 from 64 up to the largest "
+                                                       f"prefill chunk {max(self.prefill_chunks)}, got {top!r}")
         storage = self.vision_feature_storage
         if isinstance(storage, bool) or not isinstance(storage, int) or storage < 0:
             raise ConfigError("vision_feature_storage", f"must be a nonnegative integer, got {storage!r}")
@@ -91,7 +100,8 @@ def build_catalog(capacities: Capacities) -> Catalog:
     # The loaded decode mode picks the variant: zero drafts selects the ordinary mixed catalog.
     spec_on = c.speculation is not SpeculationMode.OFF
     drafts = max(c.widths) - 1 if spec_on else 0
-    mixed = mixed_shapes(c.max_batch, max(c.prefill_chunks), drafts, c.speculative_token_capacity,
+    top = max(c.prefill_chunks) if c.mixed_prompt_capacity is None else c.mixed_prompt_capacity
+    mixed = mixed_shapes(c.max_batch, top, drafts, c.speculative_token_capacity,
                          c.completion_token_capacity, c.widths, c.mixed_prompt_steps)
     check_mixed_widths(mixed, c.completion_token_capacity)
     return Catalog(list(catalog) + mixed)

@@ -62,17 +62,25 @@ class Setup:
     # ~1.12) instead of the spec example's three (10, ratio ~1.59). A prompt's last chunk pads up to its
     # bucket; at Azure load 0.9 the coarse ladder's padding cost about 3 points of SLO attainment.
     mixed_prompt_steps: int = 12
+    # Its mixed graphs carry prompt chunks of up to 2,048 tokens (ordinary prefill graphs still take
+    # 4,096): a 2,560- or 4,096-token chunk riding with the decoders holds them 410-690 ms on h100-70b,
+    # past the 380-ms gap SLO, and the served-stall charge does not stop a long-waiting prompt's bid.
+    mixed_prompt_capacity: int | None = 2048
     prefix_reuse: bool = False  # automatic prefix caching by block hashes, for every scheduler alike
     prefix_cache_tokens: int | None = None  # a cap on the prefix cache (None: only the free KV pages bound it)
 
     def __post_init__(self) -> None:
         check_prompt_steps(self.mixed_prompt_steps)
+        self.capacities(mixed=True)  # Capacities checks the mixed prompt capacity against the chunks
 
     def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
         # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
         # with speculation, programs of every width in SPEC_WIDTHS (ragged past R) replace ordinary decode.
         # `mixed` adds the mixed prefill+decode catalog (helios.prepare's mixed_shapes rule).
-        extra = {"mixed_prefill": True, "mixed_prompt_steps": self.mixed_prompt_steps} if mixed else {}
+        top = self.mixed_prompt_capacity
+        top = None if top is None else min(top, max(self.prefill_chunks))  # a smaller engine: its largest chunk
+        extra = {"mixed_prefill": True, "mixed_prompt_steps": self.mixed_prompt_steps,
+                 "mixed_prompt_capacity": top} if mixed else {}
         return Capacities(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks),
                           speculation=speculation, widths=tuple(SPEC_WIDTHS),
                           speculative_token_capacity=SPEC_TOKEN_CAPACITY, **extra)

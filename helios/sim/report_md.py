@@ -74,8 +74,9 @@ def _setup_lines(cfg) -> list[str]:
         f"- **Resources** {s.request_slots} request slots, {s.config().kv_pages} KV pages of {s.page_tokens} tokens "
         f"(every slot at its full {s.max_context}-token context, so page reservation never binds).",
         "- **Mixed graphs** " + ("on for the Helios schedulers (`--mixed-prefill`: the mixed prefill+decode catalog "
-                                 f"is added to theirs, prompt buckets {', '.join(map(str, mixed_ladder))}); the "
-                                 "baselines keep their own rules." if s.mixed_prefill else
+                                 f"is added to theirs, prompt buckets {', '.join(map(str, mixed_ladder))}; longer "
+                                 "chunks run in the prefill graphs); the baselines keep their own rules."
+                                 if s.mixed_prefill else
                                  "off: Helios runs separate prefill and decode graphs."),
         "- **Prefix reuse** " + ("rows added (`+reuse`) on the traces with block hashes: automatic prefix caching "
                                  "by 512-token block-hash chains for every scheduler alike, bounded by the same KV "

@@ -77,6 +77,19 @@ def test_capacities_carry_the_ladder_into_the_catalog():
         Capacities(16, (64,), mixed_prefill=True, mixed_prompt_steps=0)
 
 
+def test_a_mixed_prompt_capacity_tops_the_ladder_and_leaves_the_prefill_graphs():
+    caps = Capacities(16, (64, 256, 1024, 4096), mixed_prefill=True, mixed_prompt_steps=12, mixed_prompt_capacity=2048)
+    catalog = build_catalog(caps)
+    assert sorted({s.prefill_capacity for s in catalog.of_kind(GraphKind.MIXED)}) == list(prompt_buckets(2048, 12))
+    assert max(s.token_capacity for s in catalog.of_kind(GraphKind.PREFILL)) == 4096
+    assert max_packed_extent(catalog) == 2048 + 15
+    full = build_catalog(Capacities(16, (64, 256, 1024, 4096), mixed_prefill=True, mixed_prompt_steps=12))
+    assert max_packed_extent(full) == 4096 + 15
+    for top in (0, 100, 8192, True, 2048.0):
+        with pytest.raises(ConfigError, match="mixed_prompt_capacity"):
+            Capacities(16, (64, 4096), mixed_prefill=True, mixed_prompt_capacity=top)
+
+
 def test_the_wider_bucket_balances_short_and_long_prompts_ties_to_the_smaller():
     ladder = prompt_buckets(4096)
     # max(P/64, 4096/P): 384 -> 10.67, 640 -> 10, 1024 -> 16.

@@ -20,16 +20,21 @@ def test_only_helios_gets_the_mixed_catalog(name):
     assert bool(catalog.of_kind(GraphKind.MIXED)) is helios
 
 
-def test_the_simulated_engine_prepares_the_fine_prompt_ladder():
+def test_the_simulated_engine_prepares_the_fine_ladder_up_to_2048_prompt_tokens():
     from helios.errors import ConfigError
     from helios.prepare import prompt_buckets
 
-    mixed = MIXED_SETUP.catalog(mixed=True).of_kind(GraphKind.MIXED)
-    assert sorted({s.prefill_capacity for s in mixed}) == list(prompt_buckets(4096, 12))
-    coarse = Setup(request_slots=16, mixed_prefill=True, mixed_prompt_steps=3).catalog(mixed=True)
-    assert sorted({s.prefill_capacity for s in coarse.of_kind(GraphKind.MIXED)}) == list(prompt_buckets(4096))
+    catalog = MIXED_SETUP.catalog(mixed=True)
+    # Twelve buckets per factor of four up to 2,048; the prefill graphs keep 4,096.
+    assert sorted({s.prefill_capacity for s in catalog.of_kind(GraphKind.MIXED)}) == list(prompt_buckets(2048, 12))
+    assert max(s.token_capacity for s in catalog.of_kind(GraphKind.PREFILL)) == 4096
+    coarse = Setup(request_slots=16, mixed_prefill=True, mixed_prompt_steps=3, mixed_prompt_capacity=None)
+    mixed = coarse.catalog(mixed=True).of_kind(GraphKind.MIXED)
+    assert sorted({s.prefill_capacity for s in mixed}) == list(prompt_buckets(4096))
     with pytest.raises(ConfigError, match="mixed_prompt_steps"):
         Setup(mixed_prompt_steps=0)
+    with pytest.raises(ConfigError, match="mixed_prompt_capacity"):
+        Setup(mixed_prompt_capacity=100)
 
 
 @pytest.mark.parametrize("name", ["helios-balanced", "sarathi"])
@@ -41,3 +46,13 @@ def test_a_mixed_run_finishes_every_request(name):
         assert GraphKind.MIXED not in kinds
     else:
         assert {s.kind for s in r.sim.scheduler.catalog} >= {GraphKind.MIXED}
+
+
+def test_a_bad_mixed_capacity_is_a_one_line_report_error(tmp_path, capsys):
+    from helios.cli import main
+
+    code = main(["sim", "report", "--quick", "--mixed-prefill", "--mixed-prompt-capacity", "100",
+                 "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("flare sim report: mixed_prompt_capacity:") and err.count("\n") == 1
+    assert not any(tmp_path.iterdir())
