@@ -83,7 +83,8 @@ class TorchCore:
                  widths: Sequence[int] = (1, 2, 4), speculative_token_capacity: int = 16,
                  num_threads: int | None = None, device: str | torch.device = "cpu",
                  loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32,
-                 mixed_prefill: bool = False, checkpoint_memory: int = 0, mixed_prompt_steps: int = PROMPT_STEPS):
+                 mixed_prefill: bool = False, checkpoint_memory: int = 0, mixed_prompt_steps: int = PROMPT_STEPS,
+                 mixed_prompt_capacity: int | None = None):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
@@ -97,7 +98,8 @@ class TorchCore:
         # Copy proposals carry no device confidence, so both allocate rows on the host (no ragged).
         chosen = (max(widths),) if speculation is SpeculationMode.FIXED else tuple(widths)
         # Mixed graphs only when asked (flare run --mixed-prefill), so existing catalogs stay as they are.
-        mixed = {"mixed_prefill": True, "mixed_prompt_steps": mixed_prompt_steps} if mixed_prefill else {}
+        mixed = {"mixed_prefill": True, "mixed_prompt_steps": mixed_prompt_steps,
+                 "mixed_prompt_capacity": mixed_prompt_capacity} if mixed_prefill else {}
         self.capacities = Capacities(max_batch, tuple(prefill_chunks), speculation=speculation, widths=chosen,
                                      speculative_token_capacity=speculative_token_capacity, ragged=False, **mixed)
         catalog = build_catalog(self.capacities)

@@ -51,6 +51,7 @@ class EngineOptions:
     tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
     mixed_prompt_steps: int = PROMPT_STEPS  # their prompt buckets per factor of four (helios.prepare.mixed)
+    mixed_prompt_capacity: int | None = None  # their largest prompt chunk (None: --prefill-capacity)
     # torch engine: host memory for conversation checkpoints (SNAPSHOT/RESTORE graphs); 0 disables.
     checkpoint_memory_mib: int = 2048
     # Automatic preemption (helios.scheduler.preemption) with the Helios scheduler: "price" or
@@ -122,7 +123,8 @@ def build_backend(options: EngineOptions) -> Backend:
         capacities = Capacities(options.slots, chunks, speculation=speculation, widths=(1, 2, 4),
                                 speculative_token_capacity=options.speculative_token_capacity,
                                 ragged=speculation is SpeculationMode.ADAPTIVE,
-                                **({"mixed_prefill": True, "mixed_prompt_steps": options.mixed_prompt_steps}
+                                **({"mixed_prefill": True, "mixed_prompt_steps": options.mixed_prompt_steps,
+                                    "mixed_prompt_capacity": options.mixed_prompt_capacity}
                                    if options.mixed_prefill else {}))
         core, model_id = EchoSimCore(capacities, request_slots=options.slots, max_context=options.max_context,
                                      pace=options.sim_pace), "helios-sim"
@@ -178,7 +180,8 @@ def _torch_core(options, speculation, chunks):
     kwargs = dict(request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
                   max_batch=options.slots, speculation=speculation,
                   speculative_token_capacity=options.speculative_token_capacity, device=options.device,
-                  mixed_prefill=options.mixed_prefill, mixed_prompt_steps=options.mixed_prompt_steps)
+                  mixed_prefill=options.mixed_prefill, mixed_prompt_steps=options.mixed_prompt_steps,
+                  mixed_prompt_capacity=options.mixed_prompt_capacity)
     if options.tensor_parallel > 1:
         from helios.engine.tensor_parallel import TensorParallelCore
 

@@ -23,7 +23,7 @@ _FLAGS = {
     "max_batch": "--slots", "prefill_capacity": "--prefill-capacity", "prefill_chunks": "--prefill-capacity",
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
     "weights": "--weights", "tensor_parallel": "--tensor-parallel", "preemption": "--preemption",
-    "mixed_prompt_steps": "--mixed-prompt-steps",
+    "mixed_prompt_steps": "--mixed-prompt-steps", "mixed_prompt_capacity": "--mixed-prompt-capacity",
     "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
 }
 
@@ -86,6 +86,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="with --mixed-prefill: prompt buckets per factor of four up to --prefill-capacity "
                         "(default 3, the spec's ladder; more buckets pad a prompt's last chunk less, and "
                         "change nothing below 256 tokens)")
+    g.add_argument("--mixed-prompt-capacity", type=positive_int, metavar="TOKENS",
+                   help="with --mixed-prefill: the largest prompt chunk of a mixed graph, a multiple of 64 up to "
+                        "--prefill-capacity (default: --prefill-capacity); longer chunks run in prefill graphs")
     g.add_argument("--checkpoint-memory", type=nonnegative_int, default=2048, metavar="MIB",
                    help="torch engine: host memory for conversation checkpoints, in MiB (default 2048, about "
                         "45k SmolLM2 tokens); a chat turn that extends a stored conversation restores it "
@@ -152,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
             tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
-            mixed_prompt_steps=args.mixed_prompt_steps,
+            mixed_prompt_steps=args.mixed_prompt_steps, mixed_prompt_capacity=args.mixed_prompt_capacity,
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
         backend = build_backend(options)

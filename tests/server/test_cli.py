@@ -40,6 +40,8 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--preemption-quantum-ms", "-1"], "--preemption-quantum-ms"),
     (["--preemption-price-ratio", "0.5"], "--preemption-price-ratio"),
     (["--mixed-prompt-steps", "0"], "--mixed-prompt-steps"),
+    (["--mixed-prefill", "--mixed-prompt-capacity", "100", "--engine", "sim"], "--mixed-prompt-capacity"),
+    (["--mixed-prefill", "--mixed-prompt-capacity", "512", "--engine", "sim"], "--mixed-prompt-capacity"),
 ])
 def test_invalid_flags_exit_2_with_one_line(capsys, argv, flag):
     try:
@@ -87,6 +89,7 @@ def test_the_mixed_prompt_ladder_reaches_the_catalog():
     assert ladder() == list(prompt_buckets(1024)) == [64, 128, 192, 256, 384, 640, 1024]
     assert ladder(mixed_prompt_steps=12) == list(prompt_buckets(1024, 12))
     assert build_parser().parse_args(["run", "--mixed-prompt-steps", "6"]).mixed_prompt_steps == 6
+    assert ladder(mixed_prompt_steps=12, mixed_prompt_capacity=512) == list(prompt_buckets(512, 12))
     with pytest.raises(ConfigError, match="mixed_prompt_steps"):
         build_backend(EngineOptions(engine="sim", mixed_prefill=True, mixed_prompt_steps=0))
 
