@@ -60,7 +60,7 @@ class Setup:
     mixed_prefill: bool = False  # Helios schedulers also get the mixed catalog; baselines never do
     # The mixed prompt ladder of this engine: twelve buckets per factor of four (26 up to 4096, ratio
     # ~1.12) instead of the spec example's three (10, ratio ~1.59). A prompt's last chunk pads up to its
-    # bucket; at Azure load 0.9 the coarse ladder's padding cost about 3 points of SLO attainment.
+    # bucket; at Azure load 0.9 the coarse ladder's padding cost 3-5 points of SLO attainment.
     mixed_prompt_steps: int = 12
     # Its mixed graphs carry prompt chunks of up to 2,048 tokens (ordinary prefill graphs still take
     # 4,096): a 2,560- or 4,096-token chunk riding with the decoders holds them 410-690 ms on h100-70b,
