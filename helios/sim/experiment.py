@@ -24,7 +24,6 @@ from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import Capacities, build_catalog
-from helios.prepare.mixed import check_prompt_steps
 from helios.scheduler import RequestSpec
 from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import CostModel, SyntheticCostModel, VidurCostModel
@@ -70,8 +69,7 @@ class Setup:
     prefix_cache_tokens: int | None = None  # a cap on the prefix cache (None: only the free KV pages bound it)
 
     def __post_init__(self) -> None:
-        check_prompt_steps(self.mixed_prompt_steps)
-        self.capacities(mixed=True)  # Capacities checks the mixed prompt capacity against the chunks
+        self.capacities(mixed=True)  # Capacities checks the mixed ladder's steps and capacity
 
     def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
         # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
