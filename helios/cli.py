@@ -29,7 +29,8 @@ def _sim_report(args: argparse.Namespace) -> int:
 
     cost_model = args.profile or args.cost_model
     ladder = {k: v for k, v in (("mixed_prompt_steps", args.mixed_prompt_steps),
-                                ("mixed_prompt_capacity", args.mixed_prompt_capacity)) if v is not None}
+                                ("mixed_prompt_capacity", args.mixed_prompt_capacity),
+                                ("prefill_capacity", args.prefill_capacity)) if v is not None}
     try:
         setup = Setup(cost_model=cost_model, mixed_prefill=args.mixed_prefill, **ladder)
     except ConfigError as exc:
@@ -150,6 +151,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--mixed-prompt-capacity", type=positive_int, metavar="TOKENS",
                         help="with --mixed-prefill: the largest prompt chunk of a mixed graph, a multiple of 64 "
                              "(default 2048; longer chunks run in the prefill graphs, up to 4096)")
+    report.add_argument("--prefill-capacity", type=positive_int, metavar="TOKENS",
+                        help="the largest prefill chunk the engine prepares: 64, 128, ..., 4096 (default 4096); "
+                             "graphs of several prompts still take up to 4096 tokens")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)

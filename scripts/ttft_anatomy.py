@@ -26,8 +26,9 @@ from helios.sim.experiment import (Setup, default_slo, load_workload, nominal_lo
 from helios.sim.metrics import NS_PER_S, request_gaps_ms
 
 
-def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int) -> tuple[str, str]:
-    setup = Setup(mixed_prefill=True)
+def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int,
+            prefill_capacity: int | None = None) -> tuple[str, str]:
+    setup = Setup(mixed_prefill=True, prefill_capacity=prefill_capacity)
     window_s = window_for(trace, min_requests, max_context=setup.max_context)
     base = load_workload(trace, window_s, seed=0)
     scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)
@@ -84,6 +85,7 @@ def main() -> None:
     ap.add_argument("--schedulers", default="sarathi,helios-balanced")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-requests", type=int, default=1000)
+    ap.add_argument("--prefill-capacity", type=int, help="the largest prefill chunk (flare sim report's flag)")
     args = ap.parse_args()
     print("| scheduler | busy s | graphs | mean graph ms | gap mean / p90 ms | decoding s | "
           "wait for first graph p50 / mean / p90 ms | first graph to first token p50 / mean / p90 ms | "
@@ -91,7 +93,7 @@ def main() -> None:
     print("|---|---:|---:|---:|---|---:|---|---|---|")
     splits = []
     for name in _names(args.schedulers):
-        row, split = anatomy(args.trace, name, args.load, args.seed, args.min_requests)
+        row, split = anatomy(args.trace, name, args.load, args.seed, args.min_requests, args.prefill_capacity)
         print(row, flush=True)
         splits.append(split)
     print("\n| scheduler | missed the TTFT SLO | their mean TTFT ms | = wait for first graph | + wait before the "

@@ -39,6 +39,7 @@ class EngineOptions:
     adaptive_verification_alpha: float | None = None
     adaptation_ms: float | None = None  # the policy's rate time constant (None: the preset's)
     stall_bound_ms: float | None = None  # PolicyConfig.stall_bound_ms (None: off, the default)
+    prompt_rate_law: str | None = None  # PolicyConfig.prompt_rate_law by value (None: the preset's)
     speculation: str = "off"
     speculative_token_capacity: int = 16
     slots: int = 4
@@ -106,6 +107,8 @@ def build_backend(options: EngineOptions) -> Backend:
         policy = dataclasses.replace(policy, adaptation_ms=options.adaptation_ms)
     if options.stall_bound_ms is not None:  # PolicyConfig checks it (ConfigError "stall_bound_ms")
         policy = dataclasses.replace(policy, stall_bound_ms=options.stall_bound_ms)
+    if options.prompt_rate_law is not None:  # PolicyConfig checks it (ConfigError "prompt_rate_law")
+        policy = dataclasses.replace(policy, prompt_rate_law=options.prompt_rate_law)
     try:
         speculation = SpeculationMode(options.speculation)
     except ValueError:

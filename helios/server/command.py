@@ -8,6 +8,7 @@ import math
 import sys
 
 from helios.baselines import SCHEDULERS
+from helios.config import PromptRateLaw
 from helios.errors import ConfigError
 
 # ConfigError.field (from config, backend or core) -> the flag that sets it.
@@ -16,6 +17,7 @@ _FLAGS = {
     "terminal_age_price": "--scheduler-terminal-age-price",
     "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha",
     "adaptation_ms": "--scheduler-adaptation-ms", "stall_bound_ms": "--scheduler-stall-bound-ms",
+    "prompt_rate_law": "--scheduler-prompt-rate-law",
     "scheduler": "--scheduler",
     "checkpoint_memory_mib": "--checkpoint-memory",
     "speculation": "--speculation", "speculative_token_capacity": "--speculative-token-capacity",
@@ -106,6 +108,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="time constant of the scheduler's service rates (default: the policy's, 50 ms); "
                         "on a CPU where one decode graph takes longer than it, larger values let "
                         "ready streams share bigger decode batches (docs/server.md)")
+    g.add_argument("--scheduler-prompt-rate-law", choices=tuple(law.value for law in PromptRateLaw), metavar="LAW",
+                   help="how a request's service rate moves before its first output token (default: the "
+                        "policy's; " + ", ".join(law.value for law in PromptRateLaw) +
+                        "; docs/scheduling-utility.md, section 6)")
     g.add_argument("--scheduler-stall-bound-ms", type=positive_float, metavar="MS",
                    help="off by default, outside the spec: no prefill or mixed graph may run past the oldest "
                         "stream's last token + MS (a gap target; docs/scheduling-utility.md, section 4)")
@@ -148,6 +154,7 @@ def run(args: argparse.Namespace) -> int:
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
             adaptive_verification_alpha=args.mtp_adaptive_verification_alpha,
             adaptation_ms=args.scheduler_adaptation_ms, stall_bound_ms=args.scheduler_stall_bound_ms,
+            prompt_rate_law=args.scheduler_prompt_rate_law,
             speculation=args.speculation,
             speculative_token_capacity=args.speculative_token_capacity,
             slots=capacity.slots if capacity else args.slots or SIM_SLOTS,

@@ -65,21 +65,33 @@ class Setup:
     # 4,096): a 2,560- or 4,096-token chunk riding with the decoders holds them 410-690 ms on h100-70b,
     # past the 380-ms gap SLO, and the served-stall charge does not stop a long-waiting prompt's bid.
     mixed_prompt_capacity: int | None = 2048
+    # The largest prefill chunk the engine prepares (one of prefill_chunks; None: the largest). B x C stays
+    # within max(prefill_chunks), so 2,048 keeps the 2 x 2,048 graph and drops the 4,096-token chunk.
+    prefill_capacity: int | None = None
     prefix_reuse: bool = False  # automatic prefix caching by block hashes, for every scheduler alike
     prefix_cache_tokens: int | None = None  # a cap on the prefix cache (None: only the free KV pages bound it)
 
     def __post_init__(self) -> None:
+        if self.prefill_capacity is not None and self.prefill_capacity not in self.prefill_chunks:
+            raise ConfigError("prefill_capacity", f"must be one of {', '.join(map(str, self.prefill_chunks))}, "
+                                                  f"got {self.prefill_capacity!r}")
         self.capacities(mixed=True)  # Capacities checks the mixed ladder's steps and capacity
+
+    @property
+    def chunks(self) -> tuple[int, ...]:
+        """The prefill chunks this engine prepares: prefill_chunks up to prefill_capacity."""
+        top = max(self.prefill_chunks) if self.prefill_capacity is None else self.prefill_capacity
+        return tuple(c for c in self.prefill_chunks if c <= top)
 
     def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
         # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
         # with speculation, programs of every width in SPEC_WIDTHS (ragged past R) replace ordinary decode.
         # `mixed` adds the mixed prefill+decode catalog (helios.prepare's mixed_shapes rule).
         top = self.mixed_prompt_capacity
-        top = None if top is None else min(top, max(self.prefill_chunks))  # a smaller engine: its largest chunk
+        top = None if top is None else min(top, max(self.chunks))  # a smaller engine: its largest chunk
         extra = {"mixed_prefill": True, "mixed_prompt_steps": self.mixed_prompt_steps,
                  "mixed_prompt_capacity": top} if mixed else {}
-        return Capacities(self.request_slots, self.prefill_chunks, max_prefill_tokens=max(self.prefill_chunks),
+        return Capacities(self.request_slots, self.chunks, max_prefill_tokens=max(self.prefill_chunks),
                           speculation=speculation, widths=tuple(SPEC_WIDTHS),
                           speculative_token_capacity=SPEC_TOKEN_CAPACITY, **extra)
 
@@ -282,10 +294,16 @@ def decode_ns(model: CostModel, batch: int, context: int) -> int:
     return model.duration_ns(GraphShape(GraphKind.DECODE, batch), [context] * batch)
 
 
+def workload_catalog(setup: Setup) -> Catalog:
+    # Load and SLOs measure the workload, so they use every prefill chunk whatever the engine prepares:
+    # a --prefill-capacity run is held to the same SLOs at the same loads as the report it is compared with.
+    return replace(setup, prefill_capacity=None).catalog()
+
+
 def nominal_load(requests: Sequence[TraceRequest], window_ns: int, setup: Setup) -> float:
     """Device-seconds of work offered per second: each prompt prefilled alone, each output token at its
     share of a full decode batch. Saturation sets in somewhat below 1: batches are not always full."""
-    model, catalog = load_cost_model(setup.cost_model), setup.catalog()
+    model, catalog = load_cost_model(setup.cost_model), workload_catalog(setup)
     b = setup.request_slots
     work = sum(solo_prefill_ns(model, catalog, r.prompt_tokens)
                + r.output_tokens * decode_ns(model, b, r.prompt_tokens + r.output_tokens // 2) / b
@@ -301,7 +319,7 @@ def default_slo(requests: Sequence[TraceRequest], setup: Setup, ttft_scale: floa
     The p90 prompt (not the median) keeps the SLO reachable for long prompts in mixed workloads; the gap
     SLO at 10 decode steps leaves room for one prefill chunk of up to ~2k tokens between two decodes.
     """
-    model, catalog = load_cost_model(setup.cost_model), setup.catalog()
+    model, catalog = load_cost_model(setup.cost_model), workload_catalog(setup)
     p = int(np.percentile([r.prompt_tokens for r in requests], 90))
     ctx = int(np.median([r.prompt_tokens + r.output_tokens // 2 for r in requests]))
     return SLO(ttft_ms=ttft_scale * solo_prefill_ns(model, catalog, p) / 1e6,

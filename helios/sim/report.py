@@ -229,7 +229,8 @@ def _write_json(cfg, names, results, workloads, path: Path, wall: float) -> None
            "seeds": cfg.seeds, "resolution": cfg.resolution, "cost_model": cfg.setup.cost_model,
            "mixed_prefill": cfg.setup.mixed_prefill,
            "mixed_prompt_steps": cfg.setup.mixed_prompt_steps,
-           "mixed_prompt_capacity": cfg.setup.mixed_prompt_capacity, "prefix_reuse": cfg.prefix_reuse,
+           "mixed_prompt_capacity": cfg.setup.mixed_prompt_capacity,
+           "prefill_capacity": cfg.setup.prefill_capacity, "prefix_reuse": cfg.prefix_reuse,
            "workloads": {t: {"requests": w.requests, "base_rate": w.base_rate, "load_at_1": w.load_at_1,
                              "slo": {"ttft_ms": w.slo.ttft_ms, "gap_ms": w.slo.gap_ms,
                                      "gap_quantile": w.slo.gap_quantile, "target": w.slo.target}}

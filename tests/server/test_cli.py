@@ -8,7 +8,9 @@ import httpx
 import pytest
 
 from helios.cli import build_parser, main
-from helios.config import BALANCED_ADAPTATION_MS
+from helios.config import BALANCED_ADAPTATION_MS, PromptRateLaw
+from helios.errors import ConfigError
+from helios.server.command import _FLAGS
 
 from .support import FlareServer, metrics, value, wait_for, wait_resources_free
 
@@ -27,6 +29,7 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--scheduler-adaptation-ms", "inf"], "--scheduler-adaptation-ms"),
     (["--scheduler-stall-bound-ms", "0"], "--scheduler-stall-bound-ms"),
     (["--scheduler-stall-bound-ms", "-40"], "--scheduler-stall-bound-ms"),
+    (["--scheduler-prompt-rate-law", "fifo"], "--scheduler-prompt-rate-law"),
     (["--speculation", "sometimes"], "--speculation"),
     (["--speculative-token-capacity", "0"], "--speculative-token-capacity"),
     (["--prefill-capacity", "100", "--engine", "sim"], "--prefill-capacity"),
@@ -71,6 +74,22 @@ def test_stall_bound_is_off_unless_asked_for():
     assert build_backend(EngineOptions(engine="sim")).scheduler.policy.stall_bound_ms is None
     assert build_backend(EngineOptions(engine="sim", stall_bound_ms=350.0)).scheduler.policy.stall_bound_ms == 350.0
     assert build_parser().parse_args(["run", "--scheduler-stall-bound-ms", "350"]).scheduler_stall_bound_ms == 350.0
+
+
+def test_the_prompt_rate_law_reaches_the_scheduler_and_a_bad_one_names_the_flag():
+    """--scheduler-prompt-rate-law picks a PromptRateLaw (docs/scheduling-utility.md section 6); unset,
+    the preset's law stays. A law the library refuses maps back to the flag."""
+    from helios.server import EngineOptions, build_backend
+
+    assert build_backend(EngineOptions(engine="sim")).scheduler.policy.prompt_rate_law is PromptRateLaw.EWMA
+    for law in PromptRateLaw:
+        backend = build_backend(EngineOptions(engine="sim", prompt_rate_law=law.value))
+        assert backend.scheduler.policy.prompt_rate_law is law
+    parsed = build_parser().parse_args(["run", "--scheduler-prompt-rate-law", "output_ewma"])
+    assert parsed.scheduler_prompt_rate_law == "output_ewma"
+    with pytest.raises(ConfigError) as err:
+        build_backend(EngineOptions(engine="sim", prompt_rate_law="fifo"))
+    assert err.value.field == "prompt_rate_law" and _FLAGS[err.value.field] == "--scheduler-prompt-rate-law"
 
 
 def test_the_mixed_prompt_ladder_reaches_the_catalog():
