@@ -152,8 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --mixed-prefill: the largest prompt chunk of a mixed graph, a multiple of 64 "
                              "(default 2048; longer chunks run in the prefill graphs, up to 4096)")
     report.add_argument("--prefill-capacity", type=positive_int, metavar="TOKENS",
-                        help="the largest prefill chunk the engine prepares: 64, 128, ..., 4096 (default 4096); "
-                             "graphs of several prompts still take up to 4096 tokens")
+                        help="the most prompt tokens one prefill graph of the engine takes (B x C): 64, 128, "
+                             "..., 4096 (default 4096); the load and SLOs stay those of the full catalog")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)

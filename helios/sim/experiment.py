@@ -65,8 +65,8 @@ class Setup:
     # 4,096): a 2,560- or 4,096-token chunk riding with the decoders holds them 410-690 ms on h100-70b,
     # past the 380-ms gap SLO, and the served-stall charge does not stop a long-waiting prompt's bid.
     mixed_prompt_capacity: int | None = 2048
-    # The largest prefill chunk the engine prepares (one of prefill_chunks; None: the largest). B x C stays
-    # within max(prefill_chunks), so 2,048 keeps the 2 x 2,048 graph and drops the 4,096-token chunk.
+    # The largest prefill graph the engine prepares, in prompt tokens (one of prefill_chunks; None: the
+    # largest): B x C stays within it, so 2,048 drops the 4,096-token chunk and the 2 x 2,048 graph alike.
     prefill_capacity: int | None = None
     prefix_reuse: bool = False  # automatic prefix caching by block hashes, for every scheduler alike
     prefix_cache_tokens: int | None = None  # a cap on the prefix cache (None: only the free KV pages bound it)
@@ -84,14 +84,14 @@ class Setup:
         return tuple(c for c in self.prefill_chunks if c <= top)
 
     def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
-        # Decode at every power-of-two batch up to the slots; prefill (B, C) within one 4096-token envelope;
+        # Decode at every power-of-two batch up to the slots; prefill (B, C) within one envelope (the capacity);
         # with speculation, programs of every width in SPEC_WIDTHS (ragged past R) replace ordinary decode.
         # `mixed` adds the mixed prefill+decode catalog (helios.prepare's mixed_shapes rule).
         top = self.mixed_prompt_capacity
         top = None if top is None else min(top, max(self.chunks))  # a smaller engine: its largest chunk
         extra = {"mixed_prefill": True, "mixed_prompt_steps": self.mixed_prompt_steps,
                  "mixed_prompt_capacity": top} if mixed else {}
-        return Capacities(self.request_slots, self.chunks, max_prefill_tokens=max(self.prefill_chunks),
+        return Capacities(self.request_slots, self.chunks, max_prefill_tokens=max(self.chunks),
                           speculation=speculation, widths=tuple(SPEC_WIDTHS),
                           speculative_token_capacity=SPEC_TOKEN_CAPACITY, **extra)
 

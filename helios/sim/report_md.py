@@ -70,7 +70,7 @@ def _setup_lines(cfg) -> list[str]:
         + (f", per-graph overhead {overhead:.2f} ms" if overhead is not None else "") + f"; SimCore timing noise "
         f"{s.noise:.0%} (multiplicative, seeded).",
         f"- **Catalog** {len(catalog)} graphs: decode at batch {', '.join(map(str, decode))}; {len(prefill)} prefill "
-        f"graphs (B x C) with C in {', '.join(map(str, s.chunks))} and B x C <= {max(s.prefill_chunks)}.",
+        f"graphs (B x C) with C in {', '.join(map(str, s.chunks))} and B x C <= {max(s.chunks)}.",
         f"- **Resources** {s.request_slots} request slots, {s.config().kv_pages} KV pages of {s.page_tokens} tokens "
         f"(every slot at its full {s.max_context}-token context, so page reservation never binds).",
         "- **Mixed graphs** " + ("on for the Helios schedulers (`--mixed-prefill`: the mixed prefill+decode catalog "

@@ -58,17 +58,18 @@ def test_a_bad_mixed_capacity_is_a_one_line_report_error(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
 
 
-def test_a_prefill_capacity_drops_the_longer_chunks_and_keeps_the_envelope():
-    """`--prefill-capacity 1024`: no prefill graph takes a longer chunk, four 1,024-token prompts still
-    share one graph, and the mixed ladder stops at the same 1,024 (it never exceeds the largest chunk)."""
+def test_a_prefill_capacity_bounds_every_prefill_graph_and_the_mixed_ladder():
+    """`--prefill-capacity 1024`: no prefill graph takes more than 1,024 prompt tokens in all (no longer
+    chunk, and no 2 x 1,024 or 4 x 1,024 graph), shorter chunks still batch up to it, and the mixed
+    ladder stops at the same 1,024 (it never exceeds the largest chunk)."""
     from helios.errors import ConfigError
     from helios.prepare import prompt_buckets
 
     capped = Setup(request_slots=16, mixed_prefill=True, prefill_capacity=1024, mixed_prompt_capacity=None)
     prefill = capped.catalog().of_kind(GraphKind.PREFILL)
     assert max(s.token_capacity for s in prefill) == 1024
-    assert {(s.batch_capacity, s.token_capacity) for s in prefill} >= {(4, 1024), (1, 1024)}
-    assert all(s.batch_capacity * s.token_capacity <= 4096 for s in prefill)
+    assert {(s.batch_capacity, s.token_capacity) for s in prefill} >= {(1, 1024), (2, 512), (16, 64)}
+    assert max(s.batch_capacity * s.token_capacity for s in prefill) == 1024
     mixed = capped.catalog(mixed=True).of_kind(GraphKind.MIXED)
     assert sorted({s.prefill_capacity for s in mixed}) == list(prompt_buckets(1024, 12))
     assert Setup().chunks == Setup().prefill_chunks
