@@ -85,7 +85,7 @@ def main() -> None:
     ap.add_argument("--schedulers", default="sarathi,helios-balanced")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-requests", type=int, default=1000)
-    ap.add_argument("--prefill-capacity", type=int, help="the largest prefill chunk (flare sim report's flag)")
+    ap.add_argument("--prefill-capacity", type=int, help="the most prompt tokens in one prefill graph (flare sim report's flag)")
     args = ap.parse_args()
     print("| scheduler | busy s | graphs | mean graph ms | gap mean / p90 ms | decoding s | "
           "wait for first graph p50 / mean / p90 ms | first graph to first token p50 / mean / p90 ms | "

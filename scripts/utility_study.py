@@ -29,8 +29,8 @@ from helios.sim.metrics import NS_PER_S, request_gaps_ms, ttft_ms
 
 
 def one(trace: str, scheduler: str, load: float, window_s: float, seed: int, mixed: bool, min_requests: int,
-        prefill_capacity: int | None = None) -> dict:
-    setup = Setup(mixed_prefill=mixed, prefill_capacity=prefill_capacity)
+        engine: dict | None = None) -> dict:
+    setup = Setup(mixed_prefill=mixed, **(engine or {}))
     if min_requests:
         window_s = window_for(trace, min_requests, max_context=setup.max_context)
     base = load_workload(trace, window_s, seed=0)
@@ -60,11 +60,14 @@ def main() -> None:
     ap.add_argument("--window-s", type=float, default=60.0)
     ap.add_argument("--mixed-prefill", action="store_true", help="Helios gets the mixed catalog")
     ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--prefill-capacity", type=int, help="the largest prefill chunk (flare sim report's flag)")
+    ap.add_argument("--prefill-capacity", type=int, help="the most prompt tokens in one prefill graph (flare sim report's flag)")
+    ap.add_argument("--mixed-prompt-capacity", type=int, help="the largest mixed prompt chunk (flare sim report's flag)")
     ap.add_argument("--min-requests", type=int, default=0,
                     help="the report's windows: each trace's shortest start holding this many requests")
     a = ap.parse_args()
-    jobs = [(t, s, float(load), a.window_s, int(seed), a.mixed_prefill, a.min_requests, a.prefill_capacity)
+    engine = {k: v for k, v in (("prefill_capacity", a.prefill_capacity),
+                                ("mixed_prompt_capacity", a.mixed_prompt_capacity)) if v is not None}
+    jobs = [(t, s, float(load), a.window_s, int(seed), a.mixed_prefill, a.min_requests, engine)
             for t in a.traces.split(",")
             for s in a.schedulers for load in a.loads.split(",") for seed in a.seeds.split(",")]
     with ProcessPoolExecutor(a.jobs) as pool:
