@@ -150,10 +150,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default 12, 26 buckets up to 4096; 3 is the spec's worked example)")
     report.add_argument("--mixed-prompt-capacity", type=positive_int, metavar="TOKENS",
                         help="with --mixed-prefill: the largest prompt chunk of a mixed graph, a multiple of 64 "
-                             "(default 2048; longer chunks run in the prefill graphs, up to 4096)")
+                             "(default 1600; longer chunks run in the prefill graphs)")
     report.add_argument("--prefill-capacity", type=positive_int, metavar="TOKENS",
                         help="the most prompt tokens one prefill graph of the engine takes (B x C): 64, 128, "
-                             "..., 4096 (default 4096); the load and SLOs stay those of the full catalog")
+                             "..., 4096 (default 2048); the load and SLOs stay those of the full catalog")
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)

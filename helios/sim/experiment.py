@@ -61,27 +61,30 @@ class Setup:
     # ~1.12) instead of the spec example's three (10, ratio ~1.59). A prompt's last chunk pads up to its
     # bucket; at Azure load 0.9 the coarse ladder's padding cost 3-5 points of SLO attainment.
     mixed_prompt_steps: int = 12
-    # Its mixed graphs carry prompt chunks of up to 2,048 tokens (ordinary prefill graphs still take
-    # 4,096): a 2,560- or 4,096-token chunk riding with the decoders holds them 410-690 ms on h100-70b,
-    # past the 380-ms gap SLO, and the served-stall charge does not stop a long-waiting prompt's bid.
-    mixed_prompt_capacity: int | None = 2048
-    # The largest prefill graph the engine prepares, in prompt tokens (one of prefill_chunks; None: the
-    # largest): B x C stays within it, so 2,048 drops the 4,096-token chunk and the 2 x 2,048 graph alike.
-    prefill_capacity: int | None = None
+    # Its mixed graphs carry prompt chunks of up to 1,600 tokens: a 2,560- or 4,096-token chunk riding
+    # with the decoders holds them 410-690 ms on h100-70b, past the 380-ms gap SLO, and the served-stall
+    # charge does not stop a long-waiting prompt's bid (1,600 against 2,048: Mooncake +0.05 req/s).
+    mixed_prompt_capacity: int | None = 1600
+    # The largest prefill graph the engine prepares, in prompt tokens (one of prefill_chunks; None or
+    # above them: the largest): B x C stays within it, so 2,048 drops the 4,096-token chunk and the 2 x 2,048 graph alike,
+    # which left every decoder out for 650 ms (docs/scheduling-utility.md section 6).
+    prefill_capacity: int | None = 2048
     prefix_reuse: bool = False  # automatic prefix caching by block hashes, for every scheduler alike
     prefix_cache_tokens: int | None = None  # a cap on the prefix cache (None: only the free KV pages bound it)
 
     def __post_init__(self) -> None:
-        if self.prefill_capacity is not None and self.prefill_capacity not in self.prefill_chunks:
-            raise ConfigError("prefill_capacity", f"must be one of {', '.join(map(str, self.prefill_chunks))}, "
-                                                  f"got {self.prefill_capacity!r}")
+        # Above the largest chunk it binds nothing (Setup(prefill_chunks=(64, 256)) keeps the default).
+        top = self.prefill_capacity
+        if top is not None and top not in self.prefill_chunks and not top > max(self.prefill_chunks):
+            raise ConfigError("prefill_capacity", f"must be one of {', '.join(map(str, self.prefill_chunks))} "
+                                                  f"(or above the largest), got {top!r}")
         self.capacities(mixed=True)  # Capacities checks the mixed ladder's steps and capacity
 
     @property
     def chunks(self) -> tuple[int, ...]:
         """The prefill chunks this engine prepares: prefill_chunks up to prefill_capacity."""
         top = max(self.prefill_chunks) if self.prefill_capacity is None else self.prefill_capacity
-        return tuple(c for c in self.prefill_chunks if c <= top)
+        return tuple(c for c in self.prefill_chunks if c <= top)  # never empty: top is one of them or above
 
     def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
         # Decode at every power-of-two batch up to the slots; prefill (B, C) within one envelope (the capacity);

@@ -20,15 +20,20 @@ def test_only_helios_gets_the_mixed_catalog(name):
     assert bool(catalog.of_kind(GraphKind.MIXED)) is helios
 
 
-def test_the_simulated_engine_prepares_the_fine_ladder_up_to_2048_prompt_tokens():
+def test_the_simulated_engine_prepares_the_fine_ladder_up_to_1600_prompt_tokens_and_prefill_up_to_2048():
     from helios.errors import ConfigError
     from helios.prepare import prompt_buckets
 
     catalog = MIXED_SETUP.catalog(mixed=True)
-    # Twelve buckets per factor of four up to 2,048; the prefill graphs keep 4,096.
-    assert sorted({s.prefill_capacity for s in catalog.of_kind(GraphKind.MIXED)}) == list(prompt_buckets(2048, 12))
-    assert max(s.token_capacity for s in catalog.of_kind(GraphKind.PREFILL)) == 4096
-    coarse = Setup(request_slots=16, mixed_prefill=True, mixed_prompt_steps=3, mixed_prompt_capacity=None)
+    # Twelve buckets per factor of four up to 1,600; no prefill graph takes more than 2,048 prompt tokens.
+    assert sorted({s.prefill_capacity for s in catalog.of_kind(GraphKind.MIXED)}) == list(prompt_buckets(1600, 12))
+    prefill = catalog.of_kind(GraphKind.PREFILL)
+    assert max(s.batch_capacity * s.token_capacity for s in prefill) == 2048
+    assert {s.token_capacity for s in prefill} == {64, 128, 256, 512, 1024, 2048}
+    full = Setup(request_slots=16, mixed_prefill=True, prefill_capacity=4096, mixed_prompt_capacity=2048)
+    assert max(s.token_capacity for s in full.catalog().of_kind(GraphKind.PREFILL)) == 4096
+    coarse = Setup(request_slots=16, mixed_prefill=True, mixed_prompt_steps=3, mixed_prompt_capacity=None,
+                   prefill_capacity=None)
     mixed = coarse.catalog(mixed=True).of_kind(GraphKind.MIXED)
     assert sorted({s.prefill_capacity for s in mixed}) == list(prompt_buckets(4096))
     with pytest.raises(ConfigError, match="mixed_prompt_steps"):
@@ -72,8 +77,10 @@ def test_a_prefill_capacity_bounds_every_prefill_graph_and_the_mixed_ladder():
     assert max(s.batch_capacity * s.token_capacity for s in prefill) == 1024
     mixed = capped.catalog(mixed=True).of_kind(GraphKind.MIXED)
     assert sorted({s.prefill_capacity for s in mixed}) == list(prompt_buckets(1024, 12))
-    assert Setup().chunks == Setup().prefill_chunks
-    for bad in (100, 8192):
+    assert Setup(prefill_capacity=None).chunks == Setup().prefill_chunks  # None: the largest chunk
+    assert Setup(prefill_capacity=8192).chunks == Setup().prefill_chunks  # above it: binds nothing
+    assert Setup(prefill_chunks=(64, 256)).chunks == (64, 256)  # so the default fits a smaller engine
+    for bad in (100, 3000):
         with pytest.raises(ConfigError, match="prefill_capacity"):
             Setup(prefill_capacity=bad)
 
