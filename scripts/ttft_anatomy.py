@@ -28,7 +28,8 @@ from helios.sim.metrics import NS_PER_S, request_gaps_ms
 
 def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int,
             prefill_capacity: int | None = None) -> tuple[str, str]:
-    setup = Setup(mixed_prefill=True, **({} if prefill_capacity is None else {"prefill_capacity": prefill_capacity}))
+    engine = {} if prefill_capacity is None else {"prefill_capacity": prefill_capacity}  # None: the default
+    setup = Setup(mixed_prefill=True, **engine)
     window_s = window_for(trace, min_requests, max_context=setup.max_context)
     base = load_workload(trace, window_s, seed=0)
     scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)

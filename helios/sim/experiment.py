@@ -63,11 +63,13 @@ class Setup:
     mixed_prompt_steps: int = 12
     # Its mixed graphs carry prompt chunks of up to 1,600 tokens: a 2,560- or 4,096-token chunk riding
     # with the decoders holds them 410-690 ms on h100-70b, past the 380-ms gap SLO, and the served-stall
-    # charge does not stop a long-waiting prompt's bid (1,600 against 2,048: Mooncake +0.05 req/s).
+    # charge does not stop a long-waiting prompt's bid (1,600 against 2,048 on this engine: +0.06 req/s
+    # on both traces).
     mixed_prompt_capacity: int | None = 1600
     # The largest prefill graph the engine prepares, in prompt tokens (one of prefill_chunks; None or
-    # above them: the largest): B x C stays within it, so 2,048 drops the 4,096-token chunk and the 2 x 2,048 graph alike,
-    # which left every decoder out for 650 ms (docs/scheduling-utility.md section 6).
+    # above them: the largest). B x C stays within it, so 2,048 drops the 4,096-token chunk and the
+    # 2 x 2,048 graph alike, each of which left every decoder out for 650 ms (docs/scheduling-utility.md
+    # section 6).
     prefill_capacity: int | None = 2048
     prefix_reuse: bool = False  # automatic prefix caching by block hashes, for every scheduler alike
     prefix_cache_tokens: int | None = None  # a cap on the prefix cache (None: only the free KV pages bound it)
