@@ -24,15 +24,15 @@ def _sim_report(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from helios.errors import ConfigError
-    from helios.sim.experiment import Setup
+    from helios.sim.experiment import setup_from_flags
     from helios.sim.report import ReportConfig, quick, run_report
 
     cost_model = args.profile or args.cost_model
-    ladder = {k: v for k, v in (("mixed_prompt_steps", args.mixed_prompt_steps),
-                                ("mixed_prompt_capacity", args.mixed_prompt_capacity),
-                                ("prefill_capacity", args.prefill_capacity)) if v is not None}
     try:
-        setup = Setup(cost_model=cost_model, mixed_prefill=args.mixed_prefill, **ladder)
+        setup = setup_from_flags(cost_model=cost_model, mixed_prefill=args.mixed_prefill,
+                                 mixed_prompt_steps=args.mixed_prompt_steps,
+                                 mixed_prompt_capacity=args.mixed_prompt_capacity,
+                                 prefill_capacity=args.prefill_capacity)
     except ConfigError as exc:
         print(f"flare sim report: {exc}", file=sys.stderr)
         return 2

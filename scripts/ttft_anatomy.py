@@ -21,15 +21,14 @@ import argparse
 import numpy as np
 
 from helios.cli import _names
-from helios.sim.experiment import (Setup, default_slo, load_workload, nominal_load, rescale, run_workload,
-                                   window_for)
+from helios.sim.experiment import (default_slo, load_workload, nominal_load, rescale, run_workload,
+                                   setup_from_flags, window_for)
 from helios.sim.metrics import NS_PER_S, request_gaps_ms
 
 
 def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int,
             prefill_capacity: int | None = None) -> tuple[str, str]:
-    engine = {} if prefill_capacity is None else {"prefill_capacity": prefill_capacity}  # None: the default
-    setup = Setup(mixed_prefill=True, **engine)
+    setup = setup_from_flags(mixed_prefill=True, prefill_capacity=prefill_capacity)  # None: the default
     window_s = window_for(trace, min_requests, max_context=setup.max_context)
     base = load_workload(trace, window_s, seed=0)
     scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)

@@ -23,14 +23,13 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 
 from helios.cli import _names
-from helios.sim.experiment import (Setup, default_slo, load_workload, nominal_load, rescale, run_workload,
-                                   window_for)
+from helios.sim.experiment import (default_slo, load_workload, nominal_load, rescale, run_workload,
+                                   setup_from_flags, window_for)
 from helios.sim.metrics import NS_PER_S, request_gaps_ms, ttft_ms
 
 
-def one(trace: str, scheduler: str, load: float, window_s: float, seed: int, mixed: bool, min_requests: int,
-        engine: dict | None = None) -> dict:
-    setup = Setup(mixed_prefill=mixed, **(engine or {}))
+def one(trace: str, scheduler: str, load: float, window_s: float, seed: int, min_requests: int, engine: dict) -> dict:
+    setup = setup_from_flags(**engine)  # the engine's flags, None where not given
     if min_requests:
         window_s = window_for(trace, min_requests, max_context=setup.max_context)
     base = load_workload(trace, window_s, seed=0)
@@ -65,9 +64,9 @@ def main() -> None:
     ap.add_argument("--min-requests", type=int, default=0,
                     help="the report's windows: each trace's shortest start holding this many requests")
     a = ap.parse_args()
-    engine = {k: v for k, v in (("prefill_capacity", a.prefill_capacity),
-                                ("mixed_prompt_capacity", a.mixed_prompt_capacity)) if v is not None}
-    jobs = [(t, s, float(load), a.window_s, int(seed), a.mixed_prefill, a.min_requests, engine)
+    engine = {"mixed_prefill": a.mixed_prefill, "prefill_capacity": a.prefill_capacity,
+              "mixed_prompt_capacity": a.mixed_prompt_capacity}
+    jobs = [(t, s, float(load), a.window_s, int(seed), a.min_requests, engine)
             for t in a.traces.split(",")
             for s in a.schedulers for load in a.loads.split(",") for seed in a.seeds.split(",")]
     with ProcessPoolExecutor(a.jobs) as pool:

@@ -77,7 +77,7 @@ class Setup:
     def __post_init__(self) -> None:
         # Above the largest chunk it binds nothing (Setup(prefill_chunks=(64, 256)) keeps the default).
         top = self.prefill_capacity
-        if top is not None and top not in self.prefill_chunks and not top > max(self.prefill_chunks):
+        if top is not None and top not in self.prefill_chunks and top <= max(self.prefill_chunks):
             raise ConfigError("prefill_capacity", f"must be one of {', '.join(map(str, self.prefill_chunks))} "
                                                   f"(or above the largest), got {top!r}")
         self.capacities(mixed=True)  # Capacities checks the mixed ladder's steps and capacity
@@ -297,6 +297,11 @@ def solo_prefill_ns(model: CostModel, catalog: Catalog, prompt: int) -> int:
 
 def decode_ns(model: CostModel, batch: int, context: int) -> int:
     return model.duration_ns(GraphShape(GraphKind.DECODE, batch), [context] * batch)
+
+
+def setup_from_flags(**fields) -> Setup:
+    """A Setup from command-line values, where None means the flag was not given (keep the default)."""
+    return Setup(**{k: v for k, v in fields.items() if v is not None})
 
 
 def workload_catalog(setup: Setup) -> Catalog:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from helios.graphs import GraphKind
-from helios.sim.experiment import HELIOS_SCHEDULERS, SCHEDULERS, Setup, run_trace
+from helios.sim.experiment import HELIOS_SCHEDULERS, SCHEDULERS, Setup, run_trace, setup_from_flags
 
 MIXED_SETUP = Setup(request_slots=16, mixed_prefill=True)
 WINDOW = 8.0  # seconds of the Azure trace: ~10 requests
@@ -80,6 +80,9 @@ def test_a_prefill_capacity_bounds_every_prefill_graph_and_the_mixed_ladder():
     assert Setup(prefill_capacity=None).chunks == Setup().prefill_chunks  # None: the largest chunk
     assert Setup(prefill_capacity=8192).chunks == Setup().prefill_chunks  # above it: binds nothing
     assert Setup(prefill_chunks=(64, 256)).chunks == (64, 256)  # so the default fits a smaller engine
+    # A flag left out (None) keeps the default engine; a given one replaces it.
+    assert setup_from_flags(prefill_capacity=None, mixed_prompt_capacity=None) == Setup()
+    assert setup_from_flags(prefill_capacity=1024).chunks == (64, 128, 256, 512, 1024)
     for bad in (100, 3000):
         with pytest.raises(ConfigError, match="prefill_capacity"):
             Setup(prefill_capacity=bad)
