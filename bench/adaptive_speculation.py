@@ -39,7 +39,7 @@ from helios.prepare import speculative_shapes
 from helios.scheduler import RequestSpec, Scheduler
 from helios.sim.acceptance import AcceptanceModel
 from helios.sim import exploration_demo
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation
 
 R = 256  # --speculative-token-capacity

@@ -15,8 +15,9 @@ import json
 import sys
 from dataclasses import replace
 
-from helios.sim.experiment import Setup, default_slo, load_workload, rescale, run_workload
+from helios.sim.experiment import Setup, default_slo, run_workload
 from helios.sim.metrics import NS_PER_S
+from helios.sim.workload import load_workload, rescale
 
 # (label, scheduler, cost model, trace, window seconds, rate scale, mixed prefill, seed)
 CONFIGS = (

@@ -29,8 +29,9 @@ from collections import Counter
 import helios.sim.experiment as experiment
 from helios.engine.sim_core import SimCore
 from helios.graphs import GraphKind
-from helios.sim.experiment import Setup, default_slo, load_workload, nominal_load, rescale, run_workload
+from helios.sim.experiment import Setup, default_slo, nominal_load, run_workload
 from helios.sim.metrics import NS_PER_S
+from helios.sim.workload import load_workload, rescale
 
 
 class RecordingSimCore(SimCore):

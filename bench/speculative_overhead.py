@@ -22,7 +22,7 @@ import adaptive_speculation as bench  # noqa: E402
 
 from helios.config import SpeculationMode  # noqa: E402
 from helios.graphs import GraphKind  # noqa: E402
-from helios.sim.costmodel import SyntheticCostModel  # noqa: E402
+from helios.sim.synthetic_cost import SyntheticCostModel  # noqa: E402
 
 PARTS = {"plan": ("plan",), "commit": ("commit",), "publish": ("published_outputs",),
          "complete": ("complete", "complete_packed_round", "complete_with_survival",

@@ -21,9 +21,9 @@ import argparse
 import numpy as np
 
 from helios.cli import _names
-from helios.sim.experiment import (default_slo, load_workload, nominal_load, rescale, run_workload,
-                                   setup_from_flags, window_for)
+from helios.sim.experiment import default_slo, nominal_load, run_workload, setup_from_flags
 from helios.sim.metrics import NS_PER_S, request_gaps_ms
+from helios.sim.workload import load_workload, rescale, window_for
 
 
 def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int,

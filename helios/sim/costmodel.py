@@ -17,14 +17,14 @@ from typing import Sequence
 from helios.errors import ConfigError
 from helios.graphs import GraphKind, GraphShape
 from helios.engine.core import CostModel  # noqa: F401  (re-exported: the protocol lives with the engines)
+from helios.sim.cost_rows import check_packed, check_rows, linear_tokens
 from helios.sim.splitwise import fit_terms
 from helios.sim.traces import data_file
-from helios.sim.vidur_tables import (LAYER_OPS, DecodeAttentionTable, HostOverheadTable, LinearOpsTable,
+from helios.sim.vidur_tables import (LAYER_OPS, DecodeAttentionTable, LinearOpsTable,
                                      PrefillAttentionTable, equivalent_prefill_row, load_attention)
 
 NS_PER_MS = 1_000_000
 ATTENTION_FILE = "vidur_a100_llama2-70b-shape_tp2_attention.csv"
-CPU_OVERHEAD_FILE = "vidur_a100_cpu_overheads.csv"
 
 # A100-80GB SXM HBM2e 2.039 TB/s vs H100-80GB SXM HBM3 3.35 TB/s: decode attention is bandwidth-bound,
 # and FlashAttention-2's forward runs roughly 1.5-1.7x the A100 rate on H100, so one factor serves both.
@@ -71,21 +71,6 @@ PROFILES = {
     "h100-7b": VidurProfile("h100-7b", "vidur_h100_llama2-7b_mlp.csv", 1, 32, H100_OVER_A100_ATTENTION,
                             8.0, None, default_overhead_ms=1.5),
 }
-
-
-def linear_tokens(shape: GraphShape) -> int:
-    """Tokens the token-parallel layers process: the physical (padded) size of the graph."""
-    kind = shape.kind
-    if kind.is_prefill:
-        return shape.batch_capacity * shape.token_capacity
-    if kind is GraphKind.DECODE:
-        return shape.batch_capacity
-    if kind is GraphKind.SPECULATIVE:
-        return shape.target_capacity  # = B x W for rectangular programs
-    if kind is GraphKind.MIXED:
-        # The maximum packed extent: the prompt row holds up to C tokens, every other row up to W.
-        return shape.prefill_capacity + (shape.batch_capacity - 1) * shape.token_capacity
-    raise ConfigError("shape.kind", f"no timing model for {kind.value} graphs")
 
 
 class VidurCostModel:
@@ -230,7 +215,7 @@ class VidurCostModel:
     def duration_ns(self, shape: GraphShape, context_lens: Sequence[int], *,
                     chunks: Sequence[int] | None = None) -> int:
         """Graph time; `chunks` are the active rows' prompt tokens (prefill and mixed graphs)."""
-        _check_rows(shape, context_lens, chunks)
+        check_rows(shape, context_lens, chunks)
         total = sum(self.breakdown_ms(shape, context_lens, chunks=chunks).values())
         return int(round(total * NS_PER_MS))
 
@@ -258,31 +243,8 @@ class VidurCostModel:
 
     def packed_duration_ns(self, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
         """Time of one packed varlen forward (see `packed_breakdown_ms`)."""
-        _check_packed(chunks, context_lens)
+        check_packed(chunks, context_lens)
         return int(round(sum(self.packed_breakdown_ms(chunks, context_lens).values()) * NS_PER_MS))
-
-
-def _check_rows(shape: GraphShape, context_lens: Sequence[int], chunks: Sequence[int] | None) -> None:
-    if len(context_lens) > shape.batch_capacity:
-        raise ConfigError("context_lens", f"{len(context_lens)} active rows exceed B={shape.batch_capacity}")
-    if chunks is None:
-        return
-    if len(chunks) != len(context_lens):
-        raise ConfigError("chunks", f"{len(chunks)} chunks for {len(context_lens)} active rows")
-    if shape.kind.is_prefill and sum(chunks) > linear_tokens(shape):
-        raise ConfigError("chunks", f"{sum(chunks)} packed prompt tokens exceed {shape.label()}'s "
-                          f"{linear_tokens(shape)}")
-    if shape.kind is GraphKind.MIXED:
-        prompt = [c for c in chunks if c > 0]
-        if len(prompt) > 1 or any(c > shape.prefill_capacity for c in prompt):
-            raise ConfigError("chunks", f"a mixed graph has one prompt row of at most "
-                              f"{shape.prefill_capacity} tokens, got {prompt}")
-
-
-def _check_packed(chunks: Sequence[int], context_lens: Sequence[int]) -> None:
-    if len(chunks) != len(context_lens) or not chunks:
-        raise ConfigError("chunks", f"a packed forward needs one chunk per row, got {len(chunks)} for "
-                          f"{len(context_lens)} rows")
 
 
 def _verify_query_cost(decode: DecodeAttentionTable, prefill: PrefillAttentionTable) -> float:
@@ -328,103 +290,3 @@ def _require_columns(path: Path, columns) -> None:
 
 def _path(name: str, data_dir: str | Path | None) -> Path:
     return data_file(name, None if data_dir is None else Path(data_dir) / name)
-
-
-def host_overhead_ns(batch: int, model: str = "meta-llama/Llama-2-70b-hf",
-                     data_dir: str | Path | None = None) -> int:
-    """Host time per engine step (schedule + sampler + prepare inputs + process outputs), Vidur A100.
-
-    `model` selects the file's rows: "meta-llama/Llama-2-70b-hf" (profiled at TP4) or
-    "meta-llama/Llama-2-7b-hf" (TP1), among others in vidur_a100_cpu_overheads.csv.
-
-    Kept out of graph durations on purpose: Helios replays prepared graphs, and a simulator decides
-    whether host work overlaps the device. The Splitwise-fitted overhead already absorbs what the
-    measured systems paid, so adding this to VidurCostModel durations would count it twice.
-    """
-    return int(round(_host_table(model, data_dir).ms(batch) * NS_PER_MS))
-
-
-_HOST_TABLES: dict[tuple[str, str], HostOverheadTable] = {}
-
-
-def _host_table(model: str, data_dir: str | Path | None) -> HostOverheadTable:
-    path = _path(CPU_OVERHEAD_FILE, data_dir)
-    key = (model, str(path))
-    if key not in _HOST_TABLES:
-        _HOST_TABLES[key] = HostOverheadTable.from_csv(path, model)
-    return _HOST_TABLES[key]
-
-
-@dataclass(frozen=True)
-class SyntheticCostModel:
-    """A documented affine model for tests (all times in ns; a, b, c below).
-
-    decode, speculative  a_dec + b_dec * n + c_kv * sum(ctx * W) / 1000
-    prefill              a_pre + b_pre * n + c_pair * sum(c * (ctx + c / 2)) / 1e6, c = W or the row's chunk
-    mixed                a_dec + b_dec (B - 1) W + c_kv sum(decode ctx * W) / 1000 + b_pre C
-                         + c_pair c (ctx + c / 2) / 1e6 for the prompt row (c = C over 0 without chunks)
-    snapshot, restore    a_state; vision a_pre + b_pre * B * W
-    n = linear_tokens(shape) (physical, padded) so padding always costs; context terms use active rows.
-    """
-
-    a_dec: float = 1_000_000
-    b_dec: float = 10_000
-    c_kv: float = 1_000
-    a_pre: float = 1_000_000
-    b_pre: float = 5_000
-    c_pair: float = 1_000
-    a_state: float = 200_000
-
-    @classmethod
-    def realistic_small(cls) -> SyntheticCostModel:
-        """Loosely a 7-8B model (bf16, GQA) on one H100.
-
-        Decode reads ~16 GB of weights per step (~5 ms at 3.35 TB/s) plus launch gaps: a_dec = 6.9 ms;
-        each extra row ~0.06 ms; KV ~128 KB per token is ~0.04 ms per 1000 cached tokens read. So B=1
-        at 1k context is ~7.0 ms and B=64 at 512 context ~12 ms. Prefill is compute-bound at ~0.04 ms
-        per token after a 5 ms fixed part; attention ~1.3 ms per million query-key pairs.
-        """
-        return cls(a_dec=6_900_000, b_dec=60_000, c_kv=40_000, a_pre=5_000_000, b_pre=40_000,
-                   c_pair=1_300_000, a_state=500_000)
-
-    def duration_ns(self, shape: GraphShape, context_lens: Sequence[int], *,
-                    chunks: Sequence[int] | None = None) -> int:
-        kind, w = shape.kind, shape.token_capacity
-        _check_rows(shape, context_lens, chunks)
-        if kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
-            return int(round(self.a_state))
-        if kind is GraphKind.VISION:
-            return int(round(self.a_pre + self.b_pre * shape.batch_capacity * w))
-        if kind.is_prefill:
-            rows = [w] * len(context_lens) if chunks is None else chunks
-            pairs = sum(c * (k + c / 2) for c, k in zip(rows, context_lens))
-            t = self.a_pre + self.b_pre * linear_tokens(shape) + self.c_pair * pairs / 1e6
-            return int(round(t))
-        decode, prompt = list(context_lens), []
-        if kind is GraphKind.MIXED:
-            prompt = [(shape.prefill_capacity, 0)]
-            if chunks is not None:
-                prompt = [(c, k) for c, k in zip(chunks, context_lens) if c > 0]
-                decode = [k for c, k in zip(chunks, context_lens) if c <= 0]
-        # Mixed: the decode formula on the (B - 1) x W decode rows, b_pre on the C prompt positions.
-        rows = shape.target_capacity if kind is not GraphKind.MIXED else (shape.batch_capacity - 1) * w
-        t = self.a_dec + self.b_dec * rows + self.c_kv * sum(decode) * w / 1000
-        if kind is GraphKind.MIXED:
-            t += self.b_pre * shape.prefill_capacity
-            t += sum(self.c_pair * c * (k + c / 2) / 1e6 for c, k in prompt)
-        return int(round(t))
-
-    def chunked_duration_ns(self, shape: GraphShape, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
-        return self.duration_ns(shape, context_lens, chunks=chunks)
-
-    def packed_duration_ns(self, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
-        """One varlen forward: the decode formula's fixed part once, b_dec per decode row, the prefill
-        terms (b_pre and pairs) per prompt chunk; nothing is padded."""
-        _check_packed(chunks, context_lens)
-        t = self.a_dec
-        for c, k in zip(chunks, context_lens):
-            if c > 0:
-                t += self.b_pre * c + self.c_pair * c * (k + c / 2) / 1e6
-            else:
-                t += self.b_dec + self.c_kv * k / 1000
-        return int(round(t))

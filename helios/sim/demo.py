@@ -8,7 +8,7 @@ from helios.config import SchedulerConfig
 from helios.engine.sim_core import SimCore
 from helios.prepare import Capacities, build_catalog
 from helios.scheduler import RequestSpec, Scheduler
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation, StepLog
 
 

@@ -30,7 +30,7 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
 from helios.scheduler import RequestSpec, Scheduler
 from helios.sim.acceptance import AcceptanceModel
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation
 from helios.sim.shifts import DriftingCostModel, PhasedAcceptance
 

@@ -13,7 +13,7 @@ from helios.config import SchedulerConfig
 from helios.graphs import GraphKind
 from helios.prepare import ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 
 CHUNKS = (64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
 

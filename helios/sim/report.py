@@ -18,18 +18,19 @@ from pathlib import Path
 import numpy as np
 
 from helios.sim import plots
-from helios.sim.experiment import (REUSE_SUFFIX, SCHEDULERS, Setup, build_scheduler, default_slo, load_workload,
-                                   loads_of, nominal_load, rescale, run_workload, trace_label, window_for)
+from helios.sim.experiment import (REUSE_SUFFIX, SCHEDULERS, Setup, build_scheduler, default_slo, nominal_load,
+                                   run_workload)
 from helios.sim.metrics import NS_PER_S, SLO, goodput_sweep, request_gaps_ms, ttft_ms
 from helios.sim.report_md import write_markdown
 from helios.sim.seeds import combine
+from helios.sim.workload import load_workload, loads_of, rescale, trace_label, window_for
 
 
 @dataclass(frozen=True)
 class ReportConfig:
     """What to run. Loads and sweep points are nominal loads (`experiment.nominal_load`).
 
-    The window of each trace holds at least `min_requests` requests (`experiment.window_for`) unless
+    The window of each trace holds at least `min_requests` requests (`workload.window_for`) unless
     `window_s` fixes it. Every (trace, scheduler) runs once per seed; the report gives the mean and
     the range. Goodput bisects until the last passing and first failing loads are within
     `resolution` of each other (geometrically), at most `refine` steps. `ablation` names Helios

@@ -6,7 +6,8 @@ import math
 import os
 
 from helios.graphs import GraphKind
-from helios.sim.experiment import LOAD_FACTOR, REUSE_SUFFIX, load_cost_model, loads_of, trace_label
+from helios.sim.experiment import REUSE_SUFFIX, load_cost_model
+from helios.sim.workload import LOAD_FACTOR, loads_of, trace_label
 
 COLUMNS = ("scheduler", "rate (req/s)", "output tok/s", "total tok/s", "TTFT p50 (ms)", "TTFT p99 (ms)",
            "gap p50 (ms)", "gap p99 (ms)", "e2e p50 (s)", "e2e p99 (s)", "SLO attained", "Jain")

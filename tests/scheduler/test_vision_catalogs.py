@@ -15,7 +15,7 @@ from helios.graphs import GraphKind
 from helios.prepare import Capacities, build_catalog
 from helios.runtime.driver import DriverRequest, SyncDriver
 from helios.scheduler import RequestSpec, Scheduler
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 
 from tests.scheduler.conftest import MS, cancel_pick, make, spec
 from tests.scheduler.test_vision_windows import IMAGES, TABLE, _submit, drain, inside

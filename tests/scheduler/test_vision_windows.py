@@ -19,7 +19,7 @@ from helios.runtime.driver import DriverRequest, SyncDriver
 from helios.scheduler import ImageSpan, RequestSpec, Scheduler
 from helios.scheduler.selection import cost_lookup
 from helios.scheduler.vision import group_windows
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 
 from tests.scheduler.conftest import MS, FixedCosts, decode, drain, make, prefill, spec, step
 

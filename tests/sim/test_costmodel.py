@@ -11,8 +11,10 @@ from hypothesis import strategies as st
 
 from helios.graphs import GraphKind, GraphShape
 from helios.sim.calibration import calibration_report, error_summary, load_splitwise
-from helios.sim.costmodel import (PROFILES, CostModel, SyntheticCostModel, VidurCostModel, host_overhead_ns,
-                                  linear_tokens)
+from helios.sim.cost_rows import linear_tokens
+from helios.sim.costmodel import PROFILES, CostModel, VidurCostModel
+from helios.sim.host_overhead import host_overhead_ns
+from helios.sim.synthetic_cost import SyntheticCostModel
 from helios.sim.traces import default_data_dir
 
 # Tolerances documented in docs/cost-models.md.

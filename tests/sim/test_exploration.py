@@ -12,7 +12,7 @@ from helios.prepare import speculative_shapes
 from helios.scheduler import RequestSpec, Scheduler, SelectionReason
 from helios.sim import exploration_demo
 from helios.sim.acceptance import AcceptanceModel
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 from helios.sim.loop import Arrival, Simulation
 from helios.sim.shifts import DriftingCostModel
 

@@ -7,9 +7,9 @@ import dataclasses
 import pytest
 
 from helios.scheduler.plan import SelectionReason
-from helios.sim.experiment import (Setup, build_scheduler, default_slo, load_workload, nominal_load, rescale,
-                                   run_trace, spread_ticks, warm_up, load_cost_model)
+from helios.sim.experiment import Setup, build_scheduler, default_slo, nominal_load, run_trace, warm_up, load_cost_model
 from helios.sim.traces import TraceRequest
+from helios.sim.workload import load_workload, rescale, spread_ticks
 
 SETUP = Setup(request_slots=16)
 WINDOW = 8.0  # seconds of the Azure trace: ~10 requests

@@ -8,7 +8,9 @@ from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.plan import Lane, ScheduledPlan, SelectionReason
-from helios.sim.costmodel import SyntheticCostModel, VidurCostModel, linear_tokens
+from helios.sim.cost_rows import linear_tokens
+from helios.sim.costmodel import VidurCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 
 MIXED = GraphShape(GraphKind.MIXED, 8, 1, 0, 0, 512)
 SPEC_MIXED = GraphShape(GraphKind.MIXED, 4, 4, 3, 0, 256)

@@ -9,7 +9,8 @@ from helios.errors import ConfigError
 from helios.graphs import GraphKind, GraphShape
 from helios.prepare import ordinary_catalog
 from helios.scheduler.plan import Lane, PlanLanes, ScheduledPlan, SelectionReason
-from helios.sim.costmodel import SyntheticCostModel, VidurCostModel
+from helios.sim.costmodel import VidurCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 
 PROFILE = "a100-34b-tp2"
 

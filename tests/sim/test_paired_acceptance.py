@@ -7,7 +7,7 @@ from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler import Lane, ScheduledPlan, SelectionReason
 from helios.sim.acceptance import AcceptanceModel
-from helios.sim.costmodel import SyntheticCostModel
+from helios.sim.synthetic_cost import SyntheticCostModel
 
 SHAPES = [GraphShape(GraphKind.SPECULATIVE, 1, w, w - 1, w) for w in range(1, 9)]
 

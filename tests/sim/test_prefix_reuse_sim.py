@@ -8,8 +8,9 @@ import dataclasses
 import pytest
 
 from helios.engine.sim_core import SimCore
-from helios.sim.experiment import Setup, default_slo, load_workload, prefix_cache_for, run_workload, split_reuse
+from helios.sim.experiment import Setup, default_slo, prefix_cache_for, run_workload, split_reuse
 from helios.sim.traces import TraceRequest
+from helios.sim.workload import load_workload
 
 SETUP = Setup(request_slots=16)
 WINDOW = 9.0  # seconds of the Mooncake trace: 28 requests, several sharing their first blocks

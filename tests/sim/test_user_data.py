@@ -12,10 +12,10 @@ from helios.cli import main
 from helios.errors import ConfigError
 from helios.graphs import GraphKind, GraphShape
 from helios.sim.costmodel import VidurCostModel
-from helios.sim.experiment import load_workload, trace_label, trace_source, window_for
 from helios.sim.metrics import RunMetrics, goodput_sweep
 from helios.sim.seeds import combine
 from helios.sim.traces import default_data_dir, load_trace_file
+from helios.sim.workload import load_workload, trace_label, trace_source, window_for
 
 AZURE_ROWS = ["TIMESTAMP,ContextTokens,GeneratedTokens",
               "2023-11-16 18:15:46.6805900,374,44",
