@@ -34,7 +34,8 @@ from helios.baselines.common import BaselineScheduler, Rows, fit_rows, prefill_c
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
-from helios.scheduler.plan import RequestHandle, RequestSpec, ScheduledPlan
+from helios.scheduler.plan import RequestHandle, ScheduledPlan
+from helios.scheduler.request_spec import RequestSpec
 
 
 class VTCScheduler(BaselineScheduler):

@@ -27,212 +27,27 @@ Rank contract (docs/scale-out.md):
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
-import hashlib
-import logging
 import os
-import pickle
-import signal
 import socket
-import time
 from typing import Sequence
 
 import torch
 import torch.distributed as dist
 
 from helios.engine.core import Execution
-from helios.engine.model import LlamaModel, Tokenizer, load_weights
-from helios.engine.torch_core import LoadedModel, TorchCore
-from helios.engine.torch_state import PlanMismatch, validate_plan
+from helios.engine.rank_worker import apply_ops, run_step, worker_main
+from helios.engine.sharding import build_rank_core, kv_head_ranges, shard_weights
+from helios.engine.torch_state import PlanMismatch
 from helios.errors import ConfigError
 from helios.scheduler.plan import ExecutionTiming, Fence, RequestHandle, ScheduledPlan
 
 __all__ = ["RankMismatch", "TensorParallelCore", "kv_head_ranges", "shard_weights"]
 
-log = logging.getLogger(__name__)
-
 
 class RankMismatch(PlanMismatch):
     """Ranks disagreed on a plan (identity, shape or an error on one rank); only that plan's
     requests fail."""
-
-
-# ---- sharding -----------------------------------------------------------------------------------
-def kv_head_ranges(n_kv_heads: int, world: int) -> list[range]:
-    """Contiguous KV-head ranges per rank, as even as possible (3 heads on 2 ranks: 2 + 1)."""
-    if not 1 <= world <= n_kv_heads:
-        raise ConfigError("tensor_parallel", f"{world} ranks cannot split {n_kv_heads} KV heads "
-                          f"(tensor parallelism needs 1..{n_kv_heads} ranks)")
-    base, extra = divmod(n_kv_heads, world)
-    out, start = [], 0
-    for r in range(world):
-        n = base + (r < extra)
-        out.append(range(start, start + n))
-        start += n
-    return out
-
-
-def mlp_range(hidden: int, world: int, rank: int) -> range:
-    if hidden % world:
-        raise ConfigError("tensor_parallel", f"MLP width {hidden} does not split over {world} ranks")
-    n = hidden // world
-    return range(rank * n, (rank + 1) * n)
-
-
-def shard_weights(config, weights: dict[str, torch.Tensor], rank: int, world: int):
-    """The rank's ModelConfig (local heads and MLP width) and weight dict (same names)."""
-    kv = kv_head_ranges(config.n_kv_heads, world)[rank]
-    G, D = config.n_heads // config.n_kv_heads, config.head_dim
-    q = slice(kv.start * G * D, kv.stop * G * D)
-    k = slice(kv.start * D, kv.stop * D)
-    m = mlp_range(config.hidden_dim, world, rank)
-    m = slice(m.start, m.stop)
-    out = dict(weights)
-    for i in range(config.n_layers):
-        p = f"blk.{i}."
-        out[p + "attn_q.weight"] = weights[p + "attn_q.weight"][q].contiguous()
-        out[p + "attn_k.weight"] = weights[p + "attn_k.weight"][k].contiguous()
-        out[p + "attn_v.weight"] = weights[p + "attn_v.weight"][k].contiguous()
-        out[p + "attn_output.weight"] = weights[p + "attn_output.weight"][:, q].contiguous()
-        out[p + "ffn_gate.weight"] = weights[p + "ffn_gate.weight"][m].contiguous()
-        out[p + "ffn_up.weight"] = weights[p + "ffn_up.weight"][m].contiguous()
-        out[p + "ffn_down.weight"] = weights[p + "ffn_down.weight"][:, m].contiguous()
-    local = dataclasses.replace(config, n_heads=len(kv) * G, n_kv_heads=len(kv),
-                                hidden_dim=m.stop - m.start)
-    return local, out
-
-
-class Collectives:
-    """The all-reduce each block part ends with, timed (the share of time in collectives)."""
-
-    def __init__(self):
-        self.ns = 0
-        self.calls = 0
-
-    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
-        start = time.perf_counter_ns()
-        dist.all_reduce(t)
-        self.ns += time.perf_counter_ns() - start
-        self.calls += 1
-        return t
-
-
-def build_rank_core(rank: int, world: int, model_path, device, core_kwargs: dict):
-    """Load the checkpoint, keep this rank's shard, and wrap it in an ordinary TorchCore."""
-    device = torch.device(device)
-    config, weights = load_weights(model_path)
-    local, shard = shard_weights(config, weights, rank, world)
-    del weights
-    model = LlamaModel(local, shard, pack_weights=device.type == "cpu").to(device).eval()
-    del shard
-    coll = Collectives()
-    if world > 1:
-        for block in model.layers:
-            block.attn_reduce = coll.all_reduce
-            block.mlp_reduce = coll.all_reduce
-    loaded = LoadedModel(local, model, Tokenizer.from_gguf(model_path), device)
-    return TorchCore(loaded=loaded, device=device, **core_kwargs), coll
-
-
-# ---- one step, on every rank ----------------------------------------------------------------------
-def _apply_ops(core: TorchCore, ops) -> None:
-    for op in ops:
-        try:
-            if op[0] == "attach":
-                if op[1] not in core.requests:  # rank 0 attached it already
-                    core.attach(op[1], op[2], **dict(op[3]))
-            else:
-                core.detach(op[1])
-        except Exception:  # a disagreement shows up at the next plan's identity check
-            log.exception("rank op %s failed", op[0])
-
-
-def _records_digest(records) -> str:
-    return hashlib.sha1(pickle.dumps([(r.handle, r.epoch, r.tokens, r.eos, r.offered) for r in records])).hexdigest()
-
-
-def _run_step(core: TorchCore, coll: Collectives, rank: int, world: int, plan, fence, fault):
-    """Preflight identity all-gather, the forward, then a result all-gather.
-    Returns (execution or None, preflight list, results list)."""
-    try:
-        if fault == "preflight":
-            raise RuntimeError(f"injected fault on rank {rank}")
-        works = validate_plan(plan, core.requests, core._free_slots, core.catalog, core.max_context)
-        ident = (plan.shape, fence, tuple((w.lane.handle, w.lane.epoch, w.slot, w.request.kv_len,
-                                           len(w.request.generated)) for w in works))
-        if fault == "identity":
-            ident = (ident[0], ident[1], ident[2] + (("corrupted", rank),))
-        pre = ("ok", ident)
-    except Exception as exc:
-        pre = ("error", f"{type(exc).__name__}: {exc}")
-    pres: list = [None] * world
-    dist.all_gather_object(pres, pre)
-    if any(p[0] != "ok" for p in pres) or any(p[1] != pres[0][1] for p in pres):
-        return None, pres, None
-    coll.ns = coll.calls = 0
-    execution = None
-    try:
-        extra = 0
-        if isinstance(fault, tuple) and fault[0] == "skew":
-            # Test hook: this rank reports `seconds` more than it measured. (A rank that really
-            # sleeps makes the others wait in the next all-reduce, and their intervals grow too.)
-            extra = int(fault[1] * 1e9)
-        execution = core.execute(plan, fence)
-        if fault == "execute":
-            raise RuntimeError(f"injected fault on rank {rank} after the forward")
-        post = ("ok", execution.duration_ns + extra, coll.ns, _records_digest(execution.records))
-    except Exception as exc:
-        post = ("error", f"{type(exc).__name__}: {exc}")
-    posts: list = [None] * world
-    dist.all_gather_object(posts, post)
-    return execution, pres, posts
-
-
-def _serve(core: TorchCore, coll: Collectives, rank: int, world: int) -> None:
-    """Ranks 1..N-1: follow rank 0's broadcasts until it says stop (or goes away)."""
-    while True:
-        box = [None]
-        dist.broadcast_object_list(box, src=0)
-        msg = box[0]
-        if msg[0] == "stop":
-            return
-        _apply_ops(core, msg[1])
-        if msg[0] == "run":
-            _, _, plan, fence, faults = msg
-            _run_step(core, coll, rank, world, plan, fence, faults.get(rank))
-        elif msg[0] == "time":
-            _, _, shape, context = msg
-            out: list = [None] * world
-            dist.all_gather_object(out, core.time_graph(shape, context))
-
-
-def _die_with_parent() -> None:
-    try:  # Linux: SIGTERM this rank when rank 0's process dies, however it dies
-        import ctypes
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:  # pragma: no cover - not Linux
-        pass
-
-
-def _worker_main(rank, world, init_method, backend, timeout_s, model_path, device, num_threads,
-                 core_kwargs):
-    _die_with_parent()
-    if num_threads:
-        torch.set_num_threads(num_threads)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
-    try:
-        core, coll = build_rank_core(rank, world, model_path, device, core_kwargs)
-        dist.barrier()
-        _serve(core, coll, rank, world)
-    except Exception as exc:  # rank 0 went away or a collective timed out
-        log.warning("rank %d stops: %s", rank, exc)
-    finally:
-        try:
-            dist.destroy_process_group()
-        except Exception:
-            pass
 
 
 def _free_port() -> int:
@@ -269,7 +84,7 @@ class TensorParallelCore:
         self.procs = []
         for r in range(1, self.world):
             rank_device = f"cuda:{r}" if device.type == "cuda" else "cpu"
-            p = ctx.Process(target=_worker_main, daemon=True, name=f"helios-rank{r}",
+            p = ctx.Process(target=worker_main, daemon=True, name=f"helios-rank{r}",
                             args=(r, self.world, init_method, backend, timeout_s, model_path,
                                   rank_device, num_threads, core_kwargs))
             p.start()
@@ -327,7 +142,7 @@ class TensorParallelCore:
         ops, self._ops = self._ops, []
         faults, self.faults = self.faults, {}
         self._send(("run", ops, plan, fence, faults))
-        execution, pres, posts = _run_step(self.core, self.collectives, 0, self.world, plan, fence,
+        execution, pres, posts = run_step(self.core, self.collectives, 0, self.world, plan, fence,
                                            faults.get(0))
         if posts is None:
             errors = [f"rank {r}: {p[1]}" for r, p in enumerate(pres) if p[0] != "ok"]

@@ -14,7 +14,8 @@ from typing import Callable, Sequence
 
 from helios.runtime.checkpoint_admission import checkpoint_match
 from helios.runtime.step import StepLoop, visible_tokens
-from helios.scheduler.plan import FinishReason, GeneratedToken, RequestSpec, ScheduledPlan
+from helios.scheduler.plan import FinishReason, GeneratedToken, ScheduledPlan
+from helios.scheduler.request_spec import RequestSpec
 
 
 @dataclass(slots=True)

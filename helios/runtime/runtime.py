@@ -26,7 +26,8 @@ from helios.runtime.checkpoint_admission import checkpoint_match
 from helios.runtime.publication import Publication
 from helios.runtime.step import StepLoop, visible_tokens
 from helios.runtime.stream import CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent
-from helios.scheduler.plan import FinishReason, GeneratedToken, RequestSpec, ScheduledPlan
+from helios.scheduler.plan import FinishReason, GeneratedToken, ScheduledPlan
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.protocol import SchedulerSnapshot
 
 log = logging.getLogger(__name__)

@@ -3,9 +3,10 @@
 from helios.scheduler.core import Scheduler
 from helios.scheduler.cost import CostState, CostTable
 from helios.scheduler.plan import (
-    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, ImageSpan, Lane, PlanLanes, PlanTrace,
-    RequestHandle, RequestSpec, ScheduledPlan, SelectionReason,
+    CompletionRecord, ExecutionTiming, Fence, FinishReason, GeneratedToken, Lane, PlanLanes, PlanTrace, RequestHandle,
+    ScheduledPlan, SelectionReason,
 )
+from helios.scheduler.request_spec import ImageSpan, RequestSpec
 
 __all__ = [
     "Scheduler", "CostState", "CostTable", "CompletionRecord", "ExecutionTiming", "Fence",

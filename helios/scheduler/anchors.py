@@ -47,7 +47,8 @@ import numpy as np
 from helios.graphs import GraphKind
 from helios.scheduler.cost import CostState
 from helios.scheduler.lanes import state_lanes
-from helios.scheduler.plan import NO_SLOT, PlanLanes, RequestHandle, RequestSpec
+from helios.scheduler.plan import NO_SLOT, PlanLanes, RequestHandle
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.policy import LanePool, finish_candidate
 from helios.scheduler.prerequisites import StateCandidate, continuation_index
 from helios.scheduler.requests import DONE, PREFILL, RequestTable

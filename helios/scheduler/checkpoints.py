@@ -41,7 +41,8 @@ from helios.config import PolicyConfig
 from helios.errors import InvalidRequest
 from helios.graphs import Catalog, GraphKind
 from helios.scheduler.lanes import state_lanes
-from helios.scheduler.plan import NO_SLOT, FinishReason, GeneratedToken, PlanLanes, RequestHandle, RequestSpec
+from helios.scheduler.plan import NO_SLOT, FinishReason, GeneratedToken, PlanLanes, RequestHandle
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.requests import DECODE, RequestTable
 
 # Normal terminations: the state is complete and consistent, so it can be published.

@@ -19,8 +19,9 @@ from helios.scheduler.completion import ExecutionStats
 from helios.scheduler.cost import CostTable
 from helios.scheduler.exploration import Exploration
 from helios.scheduler.plan import (
-    NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestHandle, RequestSpec, ScheduledPlan,
+    NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestHandle, ScheduledPlan,
 )
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.protocol import SchedulerSnapshot
 from helios.scheduler.preemption import due as preemption_due
 from helios.scheduler.requests import DONE, RequestRow, RequestTable

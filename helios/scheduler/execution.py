@@ -14,7 +14,8 @@ import numpy as np
 
 from helios.errors import InvalidRequest, QueueFull, StalePlan, UnknownRequest
 from helios.graphs import GraphKind
-from helios.scheduler.completion import apply_completion, validate_completion
+from helios.scheduler.completion import apply_completion
+from helios.scheduler.completion_check import validate_completion
 from helios.scheduler.cost import CostState
 from helios.scheduler.plan import NO_SLOT, ExecutionTiming, Fence, GeneratedToken, ScheduledPlan
 from helios.scheduler.queue import Frame

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from typing import Iterable, Mapping, Protocol, Sequence, runtime_checkable
 
 from helios.graphs import Catalog, GraphShape
-from helios.scheduler.plan import (
-    ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestHandle, RequestSpec, ScheduledPlan,
-)
+from helios.scheduler.plan import ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestHandle, ScheduledPlan
+from helios.scheduler.request_spec import RequestSpec
 
 
 @dataclass(frozen=True, slots=True)

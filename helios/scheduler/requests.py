@@ -13,7 +13,8 @@ from enum import IntEnum
 
 import numpy as np
 
-from helios.scheduler.plan import NO_SLOT, FinishReason, RequestHandle, RequestSpec
+from helios.scheduler.plan import NO_SLOT, FinishReason, RequestHandle
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.speculation import SpeculationColumns
 from helios.scheduler.utility import count_nonzero
 

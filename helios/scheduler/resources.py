@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from helios.errors import ResourceExhausted
-from helios.scheduler.plan import RequestSpec
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.requests import NO_SLOT, RequestTable
 
 

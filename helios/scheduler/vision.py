@@ -30,7 +30,8 @@ import numpy as np
 from helios.config import SchedulerConfig
 from helios.errors import InvalidRequest, StalePlan
 from helios.graphs import Catalog, GraphKind
-from helios.scheduler.plan import ImageSpan, RequestHandle, RequestSpec, ScheduledPlan
+from helios.scheduler.plan import RequestHandle, ScheduledPlan
+from helios.scheduler.request_spec import ImageSpan, RequestSpec
 from helios.scheduler.requests import DONE, PREFILL, RequestTable
 
 

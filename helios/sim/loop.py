@@ -24,7 +24,8 @@ from typing import Callable, Iterable
 
 from helios.engine.core import Execution
 from helios.runtime.step import StepLoop, visible_tokens
-from helios.scheduler.plan import FinishReason, GeneratedToken, RequestSpec, ScheduledPlan
+from helios.scheduler.plan import FinishReason, GeneratedToken, ScheduledPlan
+from helios.scheduler.request_spec import RequestSpec
 
 
 class EventKind(IntEnum):

@@ -9,7 +9,8 @@ from helios.config import SchedulerConfig
 from helios.engine.sim_core import SimCore
 from helios.graphs import GraphKind
 from helios.prepare import ordinary_catalog
-from helios.scheduler.plan import CompletionRecord, ExecutionTiming, RequestSpec
+from helios.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios.scheduler.request_spec import RequestSpec
 from helios.sim.loop import Arrival, Simulation
 
 BASELINES = ("vllm-fcfs", "sarathi", "vtc", "direct")

@@ -9,7 +9,8 @@ from helios.config import SchedulerConfig
 from helios.engine.sim_core import SimCore
 from helios.graphs import GraphKind, GraphShape
 from helios.scheduler.cost import CostState
-from helios.scheduler.plan import RequestSpec, SelectionReason
+from helios.scheduler.plan import SelectionReason
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.requests import Phase
 from helios.sim.loop import Simulation
 

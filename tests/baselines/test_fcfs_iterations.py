@@ -9,7 +9,7 @@ import pytest
 from helios.baselines import SarathiScheduler, VllmFcfsScheduler, make_scheduler
 from helios.config import SchedulerConfig
 from helios.graphs import GraphKind
-from helios.scheduler.plan import RequestSpec
+from helios.scheduler.request_spec import RequestSpec
 
 from .support import CATALOG, FCFS_PREFILL, Stepper, simulate, workload
 

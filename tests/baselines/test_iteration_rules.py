@@ -14,7 +14,7 @@ from helios.baselines import SarathiScheduler, VllmFcfsScheduler
 from helios.config import SchedulerConfig
 from helios.errors import ConfigError
 from helios.graphs import GraphKind
-from helios.scheduler.plan import RequestSpec
+from helios.scheduler.request_spec import RequestSpec
 
 from .support import CATALOG, Stepper, simulate, workload
 

@@ -11,7 +11,8 @@ from helios.config import SchedulerConfig
 from helios.errors import ConfigError, InvalidCompletion, StalePlan
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler import Scheduler
-from helios.scheduler.plan import CompletionRecord, ExecutionTiming, RequestSpec
+from helios.scheduler.plan import CompletionRecord, ExecutionTiming
+from helios.scheduler.request_spec import RequestSpec
 
 from .support import ALL, BASELINES, CATALOG, Stepper, records, simulate, timing, workload
 

@@ -9,7 +9,7 @@ from helios.baselines import make_scheduler
 from helios.config import SchedulerConfig
 from helios.errors import HeliosError
 from helios.graphs import GraphKind, GraphShape
-from helios.scheduler.plan import RequestSpec
+from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.protocol import SchedulerProtocol
 
 from .support import ALL, CATALOG

@@ -8,7 +8,7 @@ from helios.baselines import VTCScheduler, make_scheduler
 from helios.config import SchedulerConfig
 from helios.engine.sim_core import SimCore
 from helios.graphs import GraphKind
-from helios.scheduler.plan import RequestSpec
+from helios.scheduler.request_spec import RequestSpec
 from helios.sim.loop import Arrival, Simulation
 
 from .support import CATALOG, AffineCost, Stepper, simulate

@@ -11,7 +11,8 @@ from helios.prepare import ordinary_catalog
 from helios.runtime.driver import SyncDriver
 from helios.runtime.step import StepLoop, visible_tokens
 from helios.scheduler import Scheduler
-from helios.scheduler.plan import FinishReason, GeneratedToken, RequestSpec
+from helios.scheduler.plan import FinishReason, GeneratedToken
+from helios.scheduler.request_spec import RequestSpec
 from helios.sim.loop import Arrival, Simulation
 
 CATALOG = ordinary_catalog(max_batch=4, prefill_chunks=(64, 256), max_prefill_tokens=256)
