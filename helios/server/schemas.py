@@ -15,9 +15,9 @@ that names the feature rather than a generic "extra field" error.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from helios.server.errors import APIError
 
@@ -25,6 +25,10 @@ from helios.server.errors import APIError
 
 def _finite():
     return Field(default=None, allow_inf_nan=False)  # JSON NaN/Infinity are rejected, not passed on
+
+
+# OpenAI's API marks `stream` and `echo` nullable, and clients that serialize every field send null.
+NullAsFalse = Annotated[bool, BeforeValidator(lambda v: False if v is None else v)]
 
 
 class _Strict(BaseModel):
@@ -61,7 +65,7 @@ class _Sampling(_Strict):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int | None = None
-    stream: bool = False
+    stream: NullAsFalse = False
     stream_options: StreamOptions | None = None
     user: str | None = None
     store: bool | None = None
@@ -78,7 +82,7 @@ class _Sampling(_Strict):
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    echo: bool = False
+    echo: NullAsFalse = False
     suffix: str | None = None
     best_of: int | None = None
     logprobs: int | None = None
@@ -93,6 +97,8 @@ class ChatCompletionRequest(_Sampling):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    functions: list[Any] | None = None  # OpenAI's deprecated form of tools
+    function_call: Any = None
 
 
 def parse_body(model: type[BaseModel], raw: bytes):

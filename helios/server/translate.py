@@ -77,6 +77,11 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
                        code="unsupported_parameter")
     if req.tool_choice not in (None, "none"):
         raise APIError(400, "tool_choice is not supported", param="tool_choice", code="unsupported_parameter")
+    if req.functions:
+        raise APIError(400, "functions (function calling) are not supported", param="functions",
+                       code="unsupported_parameter")
+    if req.function_call not in (None, "none"):
+        raise APIError(400, "function_call is not supported", param="function_call", code="unsupported_parameter")
     if req.response_format is not None and req.response_format != {"type": "text"}:
         raise APIError(400, "only response_format {\"type\": \"text\"} is supported", param="response_format",
                        code="unsupported_parameter")

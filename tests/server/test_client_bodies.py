@@ -8,6 +8,9 @@ Rules tested:
 - the openai SDK's bodies, with seed, stop, max_completion_tokens and vLLM fields in
   extra_body, are served;
 - an unknown field is rejected with a 400 that names it (the documented choice);
+- null for a field OpenAI marks nullable (stream, echo, n, logprobs, tools, functions, ...) is
+  served as if the field were absent, as clients that serialize every field send it; OpenAI's
+  deprecated functions / function_call get the 400 that tools get;
 - ignore_eos generates past EOS, min_tokens holds EOS back, stop_token_ids end a request.
 """
 
@@ -93,6 +96,39 @@ def test_unknown_fields_are_rejected_by_name(client, field, value):
     assert r.status_code == 400
     err = r.json()["error"]
     assert err["param"] == field and err["code"] == "unknown_parameter" and field in err["message"]
+
+
+# Every optional field as null, the way clients that serialize whole request objects send them.
+NULL_CHAT = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4, **dict.fromkeys((
+    "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "store", "metadata",
+    "service_tier", "presence_penalty", "frequency_penalty", "logit_bias", "max_completion_tokens", "logprobs",
+    "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
+    "function_call"))}
+NULL_TEXT = {"prompt": PROMPT, "max_tokens": 4, **dict.fromkeys((
+    "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "echo", "suffix",
+    "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"))}
+
+
+@pytest.mark.parametrize("path,body", [("/v1/chat/completions", NULL_CHAT), ("/v1/completions", NULL_TEXT)],
+                         ids=["chat", "text"])
+def test_null_fields_mean_absent(client, path, body):
+    r = client.post(path, json=body)
+    assert r.status_code == 200, r.text
+    out = r.json()  # not a stream: stream null is false
+    assert out["usage"]["completion_tokens"] == 4 and out["choices"][0]["finish_reason"] == "length"
+    if path == "/v1/completions":  # echo null is false: the text does not start with the prompt
+        assert not out["choices"][0]["text"].startswith(PROMPT)
+
+
+@pytest.mark.parametrize("extra,param,code", [
+    ({"functions": [{"name": "f", "parameters": {}}]}, "functions", "unsupported_parameter"),
+    ({"function_call": "auto"}, "function_call", "unsupported_parameter"),
+    ({"tools": [{"type": "function"}]}, "tools", "unsupported_parameter"),
+    ({"stream": "yes"}, "stream", "invalid_value")])
+def test_function_calling_and_bad_stream_get_a_400(client, extra, param, code):
+    r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}], **extra})
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == code, r.text
 
 
 @pytest.mark.parametrize("extra,param", [({"min_tokens": 99}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
