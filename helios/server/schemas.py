@@ -49,9 +49,14 @@ class ContentPart(BaseModel):
 
 
 class ChatMessage(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[ContentPart]
+    # "tool" and "function" messages, tool_calls and tool_call_id belong to function calling: known
+    # here so that translation can reject them by name. OpenAI lets an assistant message that makes
+    # tool calls omit its content.
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
 
 
 class _Sampling(_Strict):

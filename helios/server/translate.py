@@ -89,6 +89,14 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
         raise APIError(400, "messages must contain at least one message", param="messages", code="invalid_value")
     messages = []
     for i, m in enumerate(req.messages):
+        if m.role in ("tool", "function") or m.tool_calls or m.tool_call_id is not None:
+            param = f"messages.{i}." + ("role" if m.role in ("tool", "function") else
+                                        "tool_calls" if m.tool_calls else "tool_call_id")
+            raise APIError(400, "tool messages and tool calls (function calling) are not supported", param=param,
+                           code="unsupported_parameter")
+        if m.content is None:
+            raise APIError(400, f"Missing required parameter: 'messages.{i}.content'", param=f"messages.{i}.content",
+                           code="missing_parameter")
         if isinstance(m.content, str):
             content = _text(m.content, f"messages.{i}.content")
         else:

@@ -10,7 +10,7 @@ Rules tested:
 - an unknown field is rejected with a 400 that names it (the documented choice);
 - null for a field OpenAI marks nullable (stream, echo, n, logprobs, tools, functions, ...) is
   served as if the field were absent, as clients that serialize every field send it; OpenAI's
-  deprecated functions / function_call get the 400 that tools get;
+  deprecated functions / function_call, tool messages and tool calls get the 400 that tools get;
 - ignore_eos generates past EOS, min_tokens holds EOS back, stop_token_ids end a request.
 """
 
@@ -129,6 +129,23 @@ def test_function_calling_and_bad_stream_get_a_400(client, extra, param, code):
     r = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": PROMPT}], **extra})
     assert r.status_code == 400, r.text
     assert r.json()["error"]["param"] == param and r.json()["error"]["code"] == code, r.text
+
+
+USER = {"role": "user", "content": PROMPT}
+
+
+@pytest.mark.parametrize("messages,param,code", [
+    ([USER, {"role": "assistant", "content": None, "tool_calls": [{"id": "1", "type": "function"}]}],
+     "messages.1.tool_calls", "unsupported_parameter"),
+    ([USER, {"role": "tool", "content": "42", "tool_call_id": "1"}], "messages.1.role", "unsupported_parameter"),
+    ([USER, {"role": "function", "content": "42", "name": "f"}], "messages.1.role", "unsupported_parameter"),
+    ([USER, {"role": "assistant"}], "messages.1.content", "missing_parameter"),
+    ([{"role": "user", "content": None}], "messages.0.content", "missing_parameter"),
+    ([{"role": "robot", "content": "x"}], "messages.0.role", "invalid_value")])
+def test_tool_messages_and_missing_content_get_a_400_naming_them(client, messages, param, code):
+    r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 4})
+    assert r.status_code == 400, r.text
+    assert (r.json()["error"]["param"], r.json()["error"]["code"]) == (param, code), r.text
 
 
 @pytest.mark.parametrize("extra,param", [({"min_tokens": 99}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
