@@ -109,8 +109,8 @@ class VidurCostModel:
         if profile not in PROFILES:
             raise ConfigError("profile", f"unknown profile {profile!r}; known: {sorted(PROFILES)}")
         p = PROFILES[profile]
-        linear, decode, prefill = _tables(str(_path(p.mlp_file, data_dir)), p.tp,
-                                          str(_path(ATTENTION_FILE, data_dir)), p.mlp_scale)
+        linear, decode, prefill = _tables(str(data_path(p.mlp_file, data_dir)), p.tp,
+                                          str(data_path(ATTENTION_FILE, data_dir)), p.mlp_scale)
         base = cls(p, linear, decode, prefill, overhead_ms=0.0, comm_ms_per_token_layer=0.0)
         if overhead_ms is not None and comm_us_per_token_layer is not None:
             return base.with_terms(overhead_ms, comm_us_per_token_layer / 1000.0)
@@ -288,5 +288,6 @@ def _require_columns(path: Path, columns) -> None:
         raise ConfigError("profile", f"{path}: missing column(s) {', '.join(missing)}")
 
 
-def _path(name: str, data_dir: str | Path | None) -> Path:
+def data_path(name: str, data_dir: str | Path | None) -> Path:
+    """A data file by name: from `data_dir` when given, else the project's data folder."""
     return data_file(name, None if data_dir is None else Path(data_dir) / name)

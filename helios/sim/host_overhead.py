@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from helios.sim.traces import data_file
+from helios.sim.costmodel import NS_PER_MS, data_path
 from helios.sim.vidur_tables import HostOverheadTable
 
-NS_PER_MS = 1_000_000
 CPU_OVERHEAD_FILE = "vidur_a100_cpu_overheads.csv"
 
 
@@ -29,7 +28,7 @@ _HOST_TABLES: dict[tuple[str, str], HostOverheadTable] = {}
 
 
 def _host_table(model: str, data_dir: str | Path | None) -> HostOverheadTable:
-    path = data_file(CPU_OVERHEAD_FILE, None if data_dir is None else Path(data_dir) / CPU_OVERHEAD_FILE)
+    path = data_path(CPU_OVERHEAD_FILE, data_dir)
     key = (model, str(path))
     if key not in _HOST_TABLES:
         _HOST_TABLES[key] = HostOverheadTable.from_csv(path, model)
