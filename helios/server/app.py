@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import threading
 import time
@@ -20,7 +19,8 @@ from helios.server.backend import Backend
 from helios.server.errors import APIError, install_handlers
 from helios.server.metrics import CONTENT_TYPE, ServerMetrics
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
-from helios.server.sse import DONE, EventStreamResponse, Formatter, error_event
+from helios.server.responses import Choices, collect, events
+from helios.server.sse import EventStreamResponse, Formatter
 from helios.server.translate import Prepared, prepare_chat, prepare_completion
 
 
@@ -69,34 +69,44 @@ class Service:
             self._live -= 1
         self.metrics.observe(stream)
 
-    def check_admission(self) -> None:
+    def check_admission(self, sequences: int = 1) -> None:
+        """Refuse a request whose `sequences` (its choices) the admission bound cannot take now."""
         if self.draining:
             self.metrics.rejected.labels("draining").inc()
             raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
-        if self._live >= self.limit:
+        if sequences > self.limit:
+            self.metrics.rejected.labels("invalid").inc()
+            raise APIError(400, f"the request asks for {sequences} sequences (n x prompts); this server runs or "
+                                f"queues at most {self.limit} at once", param="n", code="invalid_value")
+        if self._live + sequences > self.limit:
             self.metrics.rejected.labels("queue_full").inc()
             raise APIError(429, f"the server is at capacity ({self._live} requests running or queued; the "
                                 f"limit is {self.limit}); retry later", code="queue_full",
                            headers={"retry-after": "1"})
 
-    def submit(self, prepared: Prepared) -> RequestStream:
-        self.check_admission()
+    def submit(self, prepared: Prepared) -> Choices:
+        """Submit every choice, or none: a choice that cannot be submitted cancels those that were."""
         with self._lock:
-            self._live += 1
+            self.check_admission(len(prepared.choices))
+            self._live += len(prepared.choices)
+        streams: list[RequestStream] = []
         try:
-            return self.runtime.submit(prepared.prompt_ids, prepared.params)
-        except InvalidRequest as exc:
-            self._unlive()
+            for choice in prepared.choices:
+                streams.append(self.runtime.submit(choice.prompt_ids, choice.params))
+        except (InvalidRequest, RuntimeClosed) as exc:
+            self._unlive(len(prepared.choices) - len(streams))  # a submitted stream unlives when it ends
+            for stream in streams:
+                stream.cancel()
+            if isinstance(exc, RuntimeClosed):
+                raise APIError(503, "the server is shutting down and admits no new requests",
+                               code="shutting_down") from None
             self.metrics.rejected.labels("invalid").inc()
             raise APIError(400, str(exc), code="invalid_value") from None
-        except RuntimeClosed:
-            self._unlive()
-            raise APIError(503, "the server is shutting down and admits no new requests",
-                           code="shutting_down") from None
+        return Choices(prepared, streams)
 
-    def _unlive(self) -> None:
+    def _unlive(self, count: int = 1) -> None:
         with self._lock:
-            self._live -= 1
+            self._live -= count
 
 
 def create_app(backend: Backend, settings: ServerSettings | None = None) -> FastAPI:
@@ -202,57 +212,10 @@ async def _serve(request: Request, service: Service, req, chat: bool):
     else:
         prepared = await run_in_threadpool(prepare_completion, req, backend.tokenizer, backend.max_context,
                                            backend.vocab_size)
-    stream = service.submit(prepared)
+    choices = service.submit(prepared)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
+    draining = lambda: service.draining  # noqa: E731
     if prepared.stream:
-        return EventStreamResponse(_events(stream, fmt, prepared, service), stream.cancel, stream.cancel)
-    return await _collect(request, stream, fmt, prepared, service)
-
-
-async def _events(stream: RequestStream, fmt: Formatter, prepared: Prepared, service: Service):
-    def counts():
-        return stream.usage.prompt_tokens, stream.usage.completion_tokens
-
-    if fmt.chat:
-        yield fmt.chunk(role=True, counts=counts())
-    if prepared.echo_text:
-        yield fmt.chunk(text=prepared.echo_text, counts=counts())
-    async for event in stream:
-        if event.text:
-            yield fmt.chunk(text=event.text, counts=counts())
-    reason = stream.finish_reason
-    if reason in ("stop", "length"):
-        yield fmt.chunk(finish=reason, counts=counts())
-    else:
-        yield error_event(_ended_error(stream, service))
-    if fmt.include_usage:
-        yield fmt.usage_chunk(stream.usage.prompt_tokens, stream.usage.completion_tokens)
-    yield DONE
-
-
-async def _collect(request: Request, stream: RequestStream, fmt: Formatter, prepared: Prepared, service: Service):
-    async def watch() -> None:
-        # After the body is read, receive() returns only when the client goes away.
-        while (await request.receive())["type"] != "http.disconnect":
-            pass
-        stream.cancel()
-
-    watcher = asyncio.create_task(watch())
-    try:
-        text = "".join([event.text async for event in stream])
-    finally:
-        watcher.cancel()
-        stream.cancel()  # no-op once ended; frees the slot if this handler is torn down early
-    if stream.finish_reason not in ("stop", "length"):
-        raise _ended_error(stream, service)
-    text = (prepared.echo_text or "") + text
-    usage = stream.usage
-    return fmt.full(text, stream.finish_reason, usage.prompt_tokens, usage.completion_tokens)
-
-
-def _ended_error(stream: RequestStream, service: Service) -> APIError:
-    if stream.finish_reason == "cancelled":
-        why = "the server is shutting down" if service.draining else "the request was cancelled"
-        return APIError(503, f"{why}; the request did not complete", code="cancelled")
-    return APIError(500, f"generation failed: {stream.error or 'engine error'}", code="engine_error")
+        return EventStreamResponse(events(choices, fmt, draining), choices.cancel, choices.cancel)
+    return await collect(request, choices, fmt, draining)

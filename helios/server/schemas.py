@@ -8,7 +8,7 @@ fields that real clients send are known: the OpenAI ones below, and the vLLM ext
 load tools rely on (`ignore_eos`, `min_tokens`, `stop_token_ids`,
 `stream_options.continuous_usage_stats`). Fields that do not change the output here (`user`,
 `store`, `metadata`, `service_tier`) are accepted and have no effect.
-Known OpenAI fields that this server cannot honour (n > 1, logprobs, penalties, tools, ...)
+Known OpenAI fields that this server cannot honour (logprobs, penalties, tools, ...)
 are accepted by the schema only so that the translation step can reject them with a message
 that names the feature rather than a generic "extra field" error.
 """

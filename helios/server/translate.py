@@ -16,25 +16,35 @@ from helios.server.errors import APIError
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 
 MAX_STOPS = 4  # OpenAI's limit
+MAX_N = 128  # OpenAI's limit on choices per prompt
 DEFAULT_COMPLETION_TOKENS = 16  # OpenAI's default for /v1/completions
 DEFAULT_TEMPERATURE = 1.0  # OpenAI's default; send temperature=0 for greedy decoding
 
 
 @dataclass(frozen=True, slots=True)
-class Prepared:
-    """One request, ready for Runtime.submit."""
+class Choice:
+    """One choice of a response: a prompt and its sampling, submitted as one runtime request."""
 
-    request_id: str
     prompt_ids: list[int]
     params: SamplingParams
+    echo_text: str | None = None
+    counts_prompt: bool = True  # n choices of one prompt count its tokens once in usage (OpenAI's)
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """One API request, ready for Runtime.submit: its choices in OpenAI's index order (prompt by
+    prompt, then the n samples of each)."""
+
+    request_id: str
+    choices: tuple[Choice, ...]
     stream: bool
     include_usage: bool
-    echo_text: str | None = None
     continuous_usage: bool = False  # vLLM's continuous_usage_stats: usage on every chunk
 
 
 def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, vocab_size: int) -> Prepared:
-    _common(req)
+    n = _common(req)
     if req.best_of not in (None, 1):
         raise APIError(400, "only best_of=1 is supported", param="best_of", code="unsupported_parameter")
     if req.suffix is not None:
@@ -43,32 +53,46 @@ def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, voca
         raise APIError(400, "logprobs are not supported by this server", param="logprobs",
                        code="unsupported_parameter")
     prompt = req.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
-        if len(prompt) != 1:
-            raise APIError(400, f"batched prompts are not supported: send one prompt per request "
-                                f"(got {len(prompt)})", param="prompt", code="unsupported_parameter")
-        prompt = prompt[0]
+    # A list of strings or of token-id lists is a batch: one choice (n choices) per prompt.
+    batch = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
+    rid = f"cmpl-{uuid.uuid4().hex}"
+    choices = []
+    for i, one in enumerate(batch):
+        param = "prompt" if len(batch) == 1 else f"prompt.{i}"
+        ids, echo = _completion_prompt(one, param, tokenizer, vocab_size, req.echo)
+        max_tokens = _max_tokens(req.max_tokens, "max_tokens", len(ids), max_context, DEFAULT_COMPLETION_TOKENS,
+                                 param)
+        choices += _samples(n, ids, _params(req, max_tokens, rid, vocab_size), echo)
+    return _prepared(rid, choices, req)
+
+
+def _completion_prompt(prompt: str | list[int], param: str, tokenizer, vocab_size: int,
+                       echo: bool) -> tuple[list[int], str | None]:
     if isinstance(prompt, str):
-        ids = tokenizer.encode(_text(prompt, "prompt"))
-        echo = prompt
+        ids = tokenizer.encode(_text(prompt, param))
+        text = prompt
     else:
         ids = list(prompt)
         bad = next((t for t in ids if not 0 <= t < vocab_size), None)
         if bad is not None:
-            raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})", param="prompt",
+            raise APIError(400, f"token id {bad} is outside the vocabulary [0, {vocab_size})", param=param,
                            code="invalid_value")
-        echo = tokenizer.decode(ids) if req.echo else None
+        text = tokenizer.decode(ids) if echo else None
     if not ids:
-        raise APIError(400, "the prompt is empty", param="prompt", code="invalid_value")
-    max_tokens = _max_tokens(req.max_tokens, "max_tokens", len(ids), max_context, DEFAULT_COMPLETION_TOKENS,
-                             "prompt")
-    rid = f"cmpl-{uuid.uuid4().hex}"
-    return Prepared(rid, ids, _params(req, max_tokens, rid, vocab_size), req.stream, _include_usage(req),
-                    echo if req.echo else None, _continuous_usage(req))
+        raise APIError(400, "the prompt is empty", param=param, code="invalid_value")
+    return ids, text if echo else None
+
+
+def _samples(n: int, ids: list[int], params: SamplingParams, echo: str | None = None) -> list[Choice]:
+    # A seeded request gives its j-th sample seed + j (as vLLM does), so the n samples differ
+    # and the whole response is reproducible.
+    seeds = [None] * n if params.seed is None else [(params.seed + j) % 2**63 for j in range(n)]
+    return [Choice(ids, dataclasses.replace(params, seed=seed), echo, counts_prompt=j == 0)
+            for j, seed in enumerate(seeds)]
 
 
 def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_size: int | None = None) -> Prepared:
-    _common(req)
+    n = _common(req)
     if req.logprobs or req.top_logprobs:
         param = "logprobs" if req.logprobs else "top_logprobs"
         raise APIError(400, "logprobs are not supported by this server", param=param, code="unsupported_parameter")
@@ -123,12 +147,21 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     params = dataclasses.replace(_params(req, max_tokens, rid, vocab_size),
                                  endpoints=message_endpoints(tokenizer, messages, text, ids))
-    return Prepared(rid, ids, params, req.stream, _include_usage(req), continuous_usage=_continuous_usage(req))
+    return _prepared(rid, _samples(n, ids, params), req)
 
 
-def _common(req) -> None:
-    if req.n not in (None, 1):
-        raise APIError(400, f"only n=1 is supported (got n={req.n})", param="n", code="unsupported_parameter")
+def _prepared(rid: str, choices: list[Choice], req) -> Prepared:
+    if len(choices) > 1:  # each runtime request keeps a label of its own: the response id and its index
+        choices = [dataclasses.replace(c, params=dataclasses.replace(c.params, request_id=f"{rid}-{i}"))
+                   for i, c in enumerate(choices)]
+    return Prepared(rid, tuple(choices), req.stream, _include_usage(req), _continuous_usage(req))
+
+
+def _common(req) -> int:
+    """Check what both endpoints share; return n."""
+    n = 1 if req.n is None else req.n
+    if not 1 <= n <= MAX_N:
+        raise APIError(400, f"n must be between 1 and {MAX_N}, got {n}", param="n", code="invalid_value")
     for name in ("presence_penalty", "frequency_penalty"):
         if getattr(req, name) not in (None, 0):
             raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
@@ -154,6 +187,7 @@ def _common(req) -> None:
     for s in stops:
         if not _text(s, "stop"):
             raise APIError(400, "stop sequences must be nonempty strings", param="stop", code="invalid_value")
+    return n
 
 
 def _text(s: str, param: str) -> str:

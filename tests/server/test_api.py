@@ -175,8 +175,8 @@ def test_openai_client(client):
     parts = list(chat)
     assert "".join(p.choices[0].delta.content or "" for p in parts if p.choices) == "<|u"
     assert parts[-1].usage.completion_tokens == 3
-    with pytest.raises(openai.BadRequestError, match="only n=1"):
-        oc.completions.create(model="helios-sim", prompt="x", n=2)
+    with pytest.raises(openai.BadRequestError, match="n must be between 1 and 128"):
+        oc.completions.create(model="helios-sim", prompt="x", n=200)
     with pytest.raises(openai.NotFoundError):
         oc.completions.create(model="gpt-4", prompt="x")
 
@@ -197,12 +197,12 @@ BAD_COMPLETIONS = [
     ({"prompt": LONG}, "prompt"),
     ({"prompt": ""}, "prompt"),
     ({"prompt": []}, "prompt"),
-    ({"prompt": [[1], [2]]}, "prompt"),
-    ({"prompt": ["a", "b"]}, "prompt"),
+    ({"prompt": [[1], []]}, "prompt.1"),
+    ({"prompt": ["a", 5]}, "prompt"),
     ({"prompt": [300]}, "prompt"),
     ({"prompt": [-1]}, "prompt"),
     ({}, "prompt"),
-    ({"prompt": "x", "n": 2}, "n"),
+    ({"prompt": "x", "n": 0}, "n"),
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "logprobs": 1}, "logprobs"),
     ({"prompt": "x", "suffix": "s"}, "suffix"),

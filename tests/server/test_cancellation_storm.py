@@ -1,5 +1,5 @@
 """A cancellation storm on loopback: many clients disconnect at random moments (while queued,
-during prefill, mid-stream, non-streaming); afterwards every slot and page is free and a new
+during prefill, mid-stream, non-streaming, with several choices); afterwards every slot and page is free and a new
 request completes. Bounded: 48 clients, about ten seconds."""
 
 from __future__ import annotations
@@ -29,6 +29,8 @@ def server():
 async def _client(port: int, rng: random.Random, outcomes: list) -> None:
     body = {"prompt": "storm " * rng.randint(1, 120), "max_tokens": rng.randint(20, 400),
             "stream": rng.random() < 0.7}
+    if rng.random() < 0.3:
+        body["n"] = rng.choice((2, 3))  # several choices: one cancel must end them all
     if rng.random() < 0.3:
         body["stop"] = ["zzz"]  # host-feedback requests take the non-queued path
     endpoint = "/v1/completions"

@@ -47,7 +47,7 @@ known = st.fixed_dictionaries({}, optional=FIELDS)
 # Mostly well-formed requests, so the success and streaming paths are exercised too.
 SANE = {"max_tokens": st.integers(1, 40), "temperature": st.floats(0, 2), "top_p": st.floats(0.01, 1),
         "top_k": st.integers(-1, 50), "seed": st.integers(0, 2**62), "stream": st.booleans(),
-        "stop": st.text("abcxyz<|>", min_size=1, max_size=3), "user": st.text(max_size=5)}
+        "stop": st.text("abcxyz<|>", min_size=1, max_size=3), "user": st.text(max_size=5), "n": st.integers(1, 3)}
 sane_completion = st.fixed_dictionaries({"prompt": st.text(min_size=1, max_size=60)},
                                         optional={**SANE, "echo": st.booleans()})
 sane_chat = st.fixed_dictionaries({"messages": st.lists(st.fixed_dictionaries({
@@ -80,7 +80,9 @@ def check(response) -> None:
         events = sse_events(response.text)
         assert events[-1] == "[DONE]" and all(isinstance(e, dict) for e in events[:-1])
     else:
-        assert response.json()["choices"][0]["finish_reason"] in ("stop", "length")
+        choices = response.json()["choices"]
+        assert [c["index"] for c in choices] == list(range(len(choices)))
+        assert choices and all(c["finish_reason"] in ("stop", "length") for c in choices)
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
