@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 from helios.errors import HeliosError, InvalidCompletion, InvalidRequest
 from helios.runtime.checkpoint_admission import checkpoint_match
+from helios.runtime.host_times import HostTimes
 from helios.runtime.publication import Publication
 from helios.runtime.step import StepLoop, visible_tokens
 from helios.runtime.stream import CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent
@@ -51,6 +52,8 @@ class RuntimeStats:
     wall_ns_by_shape: dict = field(default_factory=dict)  # shape label -> dispatch-to-completion ns
     faults: int = 0
     loop_wakeups: int = 0
+    decisions: HostTimes = field(default_factory=HostTimes)  # plan and commit of each dispatched frame
+    completions: HostTimes = field(default_factory=HostTimes)  # complete and publish of each finished frame
 
 
 class Runtime:
@@ -77,7 +80,8 @@ class Runtime:
         self._work: queue.SimpleQueue = queue.SimpleQueue()  # runtime -> worker, FIFO
         self._dispatched: dict[int, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
         # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
-        self._step = StepLoop(scheduler, clock, lambda handle: self._work.put(("detach", handle)))
+        self._step = StepLoop(scheduler, clock, lambda handle: self._work.put(("detach", handle)),
+                              on_decision=lambda ns: self.stats.decisions.observe(ns))
         self._accepting = False
         self._running = False
         self._threads: list[threading.Thread] = []
@@ -92,7 +96,9 @@ class Runtime:
         with self._cv:
             stats = dataclasses.replace(self.stats, finished=dict(self.stats.finished),
                                         executions_by_shape=dict(self.stats.executions_by_shape),
-                                        wall_ns_by_shape=dict(self.stats.wall_ns_by_shape))
+                                        wall_ns_by_shape=dict(self.stats.wall_ns_by_shape),
+                                        decisions=self.stats.decisions.copy(),
+                                        completions=self.stats.completions.copy())
             return self.scheduler.snapshot(), stats
 
     # ---- lifecycle ---------------------------------------------------------------------------
@@ -213,11 +219,13 @@ class Runtime:
             plan, dispatch_ns = self._dispatched.pop(fence)
             timing = dataclasses.replace(execution.timing, wall_ns=max(0, end_ns - dispatch_ns))
             self._step.now()
+            start = time.perf_counter_ns()
             try:
                 self._step.finish(fence, dataclasses.replace(execution, timing=timing), self._publish)
             except InvalidCompletion as exc:  # state unchanged: resolve the frame as a fault
                 self._fail_frame(fence, plan, f"engine returned an invalid completion: {exc}")
                 return
+            self.stats.completions.observe(time.perf_counter_ns() - start)
             label = plan.shape.label()
             self.stats.executions_by_shape[label] = self.stats.executions_by_shape.get(label, 0) + 1
             self.stats.wall_ns_by_shape[label] = self.stats.wall_ns_by_shape.get(label, 0) + timing.wall_ns

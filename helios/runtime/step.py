@@ -20,6 +20,7 @@ scheduler is told, and when, is decided here, once:
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Sequence
 
 from helios.engine.core import Execution
@@ -56,13 +57,18 @@ class StepLoop:
     """Drives one scheduler for one core. Not thread-safe: a threaded host calls it under the
     lock that serializes its scheduler calls.
 
-    clock   the host's time in ns; the loop never lets the scheduler's time go backwards
-    detach  the core's detach (a threaded host queues it behind the core's earlier work)
+    clock        the host's time in ns; the loop never lets the scheduler's time go backwards
+    detach       the core's detach (a threaded host queues it behind the core's earlier work)
+    on_decision  given the host time (ns, from `timer`) of each dispatched frame's decision:
+                 advancing the clock, the preemption check, plan and commit
     """
 
     def __init__(self, scheduler: SchedulerProtocol, clock: Callable[[], int],
-                 detach: Callable[[RequestHandle], None]):
+                 detach: Callable[[RequestHandle], None], on_decision: Callable[[int], None] | None = None,
+                 timer: Callable[[], int] = time.perf_counter_ns):
         self.scheduler = scheduler
+        self._on_decision = on_decision
+        self._timer = timer
         self.fence = 0  # the last fence handed out
         self._clock = clock
         self._detach = detach
@@ -93,6 +99,7 @@ class StepLoop:
         in fence order; returns how many were dispatched."""
         n = 0
         while limit is None or n < limit:
+            start = self._timer() if self._on_decision is not None else 0
             now = self.now()
             if self._preempt_due is not None:
                 self._preempt_due(now)
@@ -101,6 +108,8 @@ class StepLoop:
                 break
             self.fence += 1
             self.scheduler.commit(plan, self.fence)
+            if self._on_decision is not None:
+                self._on_decision(self._timer() - start)
             submit(plan, self.fence)
             n += 1
         return n

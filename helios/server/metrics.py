@@ -10,7 +10,7 @@ into histograms when a stream ends.
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from helios.runtime.stream import RequestStream
 
@@ -112,6 +112,12 @@ class _RuntimeCollector:
         yield GaugeMetricFamily("flare_request_slots", "request slots", value=snap.total_slots)
         yield GaugeMetricFamily("flare_kv_pages_free", "free KV-cache pages", value=snap.free_pages)
         yield GaugeMetricFamily("flare_kv_pages", "KV-cache pages", value=snap.total_pages)
+        for name, times, doc in (
+                ("flare_scheduler_decision_seconds", stats.decisions,
+                 "host time of the scheduler's decision for each dispatched frame (plan and commit)"),
+                ("flare_frame_completion_seconds", stats.completions,
+                 "host time to complete each frame: the scheduler's completion, detokenizing and publishing")):
+            yield HistogramMetricFamily(name, doc, buckets=times.cumulative(), sum_value=times.total_ns / 1e9)
         yield CounterMetricFamily("flare_engine_faults", "frames that failed in the engine", value=stats.faults)
         yield CounterMetricFamily("flare_requests_submitted", "requests admitted to the runtime",
                                   value=stats.submitted)

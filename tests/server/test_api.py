@@ -8,6 +8,7 @@ import threading
 import openai
 import pytest
 from fastapi.testclient import TestClient
+from prometheus_client.parser import text_string_to_metric_families
 
 from helios.server import EngineOptions, ServerSettings, build_backend, create_app
 
@@ -102,6 +103,14 @@ def test_health_models_metrics(client):
                  "flare_requests_running", "flare_requests_waiting", "flare_time_to_first_token_seconds_bucket",
                  "flare_inter_token_latency_seconds_bucket", "flare_request_slots_free", "flare_kv_pages_free"):
         assert name in text, name
+    # Every finished frame had one timed decision and one timed completion.
+    assert_idle(client)
+    samples = [s for f in text_string_to_metric_families(client.get("/metrics").text) for s in f.samples]
+    frames = sum(s.value for s in samples if s.name == "flare_graph_executions_total")
+    plain = {s.name: s.value for s in samples if not s.labels}
+    assert frames > 0
+    assert plain["flare_scheduler_decision_seconds_count"] == plain["flare_frame_completion_seconds_count"] == frames
+    assert plain["flare_scheduler_decision_seconds_sum"] > 0 and plain["flare_frame_completion_seconds_sum"] > 0
 
 
 def test_completion_usage_and_echo(client):
