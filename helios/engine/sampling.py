@@ -1,6 +1,6 @@
-"""Per-row token sampling for TorchCore: greedy by default, temperature / top-k / top-p, one
-seeded torch.Generator per request, row sampling masks, and the lossless acceptance rule for
-verifying deterministic (copied) drafts.
+"""Per-row token sampling for TorchCore: greedy by default, repetition penalties, temperature /
+top-k / top-p, one seeded torch.Generator per request, row sampling masks, and the lossless
+acceptance rule for verifying deterministic (copied) drafts.
 
 Each request draws only from its own generator, so its tokens do not depend on which other
 requests share the batch. Sampling runs on the CPU in float32 whatever the model's device.
@@ -20,20 +20,30 @@ from helios.errors import InvalidRequest
 
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
-    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters."""
+    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; penalties 0, 0 and 1
+    are off (see `penalize`)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def penalized(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+
     @classmethod
-    def of(cls, temperature=None, top_p=None, top_k=None, seed=None) -> SamplingOptions:
-        """Validate attach() options; None means the default (greedy, no filters, random seed)."""
+    def of(cls, temperature=None, top_p=None, top_k=None, seed=None, presence_penalty=None, frequency_penalty=None,
+           repetition_penalty=None) -> SamplingOptions:
+        """Validate attach() options; None means the default (greedy, no filters, random seed,
+        no penalties)."""
         def number(name, v, low, high):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or not low <= v <= high:
@@ -47,14 +57,42 @@ class SamplingOptions:
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
         if seed is not None and not 0 <= seed < 2**63:
             raise InvalidRequest(f"seed must be in [0, 2**63), got {seed!r}")
+        # OpenAI's range for presence and frequency; the repetition penalty divides or multiplies
+        # logits, so it must be positive (1 is off; vLLM's and HF's range).
+        presence = 0.0 if presence_penalty is None else number("presence_penalty", presence_penalty, -2.0, 2.0)
+        frequency = 0.0 if frequency_penalty is None else number("frequency_penalty", frequency_penalty, -2.0, 2.0)
+        repetition = 1.0 if repetition_penalty is None else number("repetition_penalty", repetition_penalty,
+                                                                     1e-6, 1e6)
         # top_k <= 0 disables the filter (OpenAI-style -1 included).
-        return cls(t, p, max(0, top_k or 0), seed)
+        return cls(t, p, max(0, top_k or 0), seed, presence, frequency, repetition)
 
     def generator(self) -> torch.Generator:
         """This request's CPU generator, seeded from `seed` (a random seed when absent)."""
         g = torch.Generator()
         g.manual_seed(self.seed if self.seed is not None else secrets.randbits(63))
         return g
+
+
+def penalize(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int], options: SamplingOptions) -> None:
+    """Apply a request's penalties, in place, to one row of logits [V] that samples its next
+    token after `output` (the tokens generated so far, in order):
+
+    - repetition (CTRL's, as vLLM and HF apply it): a token seen in the prompt or the output has
+      its logit divided by the penalty when positive and multiplied by it otherwise, so a penalty
+      above 1 always makes it less likely;
+    - frequency and presence (OpenAI's): logit[t] -= frequency * c[t] + presence * (c[t] > 0),
+      where c[t] counts t in the output only.
+    Greedy requests take the argmax of the penalized row, so penalties apply to them too.
+    """
+    if options.repetition_penalty != 1.0:
+        seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        seen[torch.tensor([*prompt, *output], dtype=torch.long, device=logits.device)] = True
+        row = logits[seen]
+        logits[seen] = torch.where(row > 0, row / options.repetition_penalty, row * options.repetition_penalty)
+    if (options.frequency_penalty or options.presence_penalty) and len(output):
+        counts = torch.bincount(torch.tensor(list(output), dtype=torch.long, device=logits.device),
+                                minlength=logits.shape[-1]).to(logits.dtype)
+        logits -= options.frequency_penalty * counts + options.presence_penalty * (counts > 0).to(logits.dtype)
 
 
 def probabilities(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:

@@ -27,7 +27,7 @@ from helios.config import SchedulerConfig, SpeculationMode
 from helios.engine.core import Execution
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.proposals import copy_proposals
-from helios.engine.sampling import SamplingOptions, sample_rows, verify_greedy, verify_sampled
+from helios.engine.sampling import SamplingOptions, penalize, sample_rows, verify_greedy, verify_sampled
 from helios.engine.torch_checkpoints import CheckpointStore, Match
 from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
 from helios.engine.torch_packed import PackedGraph, needs_packing
@@ -41,7 +41,8 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
 
-SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed")
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
+                    "repetition_penalty")
 # A guarded checkpoint match (CheckpointStore.match) to restore before the suffix is prefilled.
 RESTORE_OPTION = "checkpoint"
 # vLLM's stopping extensions: generate past EOS, no EOS or stop token before min_tokens, extra
@@ -307,6 +308,8 @@ class TorchCore:
     def _sample(self, works: list[LaneWork], logits: torch.Tensor, packing: Packing) -> list[list[int]]:
         n = len(works)
         for b, w in enumerate(works):
+            if w.request.options.penalized and packing.sample_mask[b]:
+                penalize(logits[b], w.request.prompt, w.request.generated, w.request.options)
             if w.request.stopping.blocks(len(w.request.generated)):
                 logits[b, list(w.request.stopping.terminal)] = float("-inf")
         opts = [w.request.options for w in works] + [None] * (logits.shape[0] - n)
@@ -319,6 +322,8 @@ class TorchCore:
         for b, (w, d) in enumerate(zip(works, drafts)):
             stop = w.request.stopping
             for i in range(len(d) + 1):  # position i samples output number len(generated) + i + 1
+                if w.request.options.penalized:  # as if drafts d[:i] were accepted, as they must be to use it
+                    penalize(logits[b, i], w.request.prompt, [*w.request.generated, *d[:i]], w.request.options)
                 if stop.blocks(len(w.request.generated) + i):
                     logits[b, i, list(stop.terminal)] = float("-inf")
             opts = w.request.options

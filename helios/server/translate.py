@@ -162,19 +162,21 @@ def _common(req) -> int:
     n = 1 if req.n is None else req.n
     if not 1 <= n <= MAX_N:
         raise APIError(400, f"n must be between 1 and {MAX_N}, got {n}", param="n", code="invalid_value")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name) not in (None, 0):
-            raise APIError(400, f"{name} is not supported (only 0)", param=name, code="unsupported_parameter")
     if req.logit_bias:
         raise APIError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options",
                        code="invalid_value")
-    checks = (("temperature", req.temperature, 0.0, 2.0), ("top_p", req.top_p, 0.0, 1.0))
+    checks = (("temperature", req.temperature, 0.0, 2.0), ("top_p", req.top_p, 0.0, 1.0),
+              ("presence_penalty", req.presence_penalty, -2.0, 2.0),
+              ("frequency_penalty", req.frequency_penalty, -2.0, 2.0))
     for name, v, low, high in checks:
         if v is not None and not low <= v <= high:
             raise APIError(400, f"{name} must be between {low:g} and {high:g}, got {v!r}", param=name,
                            code="invalid_value")
+    if req.repetition_penalty is not None and not req.repetition_penalty > 0:
+        raise APIError(400, f"repetition_penalty must be positive (1 is off), got {req.repetition_penalty!r}",
+                       param="repetition_penalty", code="invalid_value")
     if req.top_k is not None and req.top_k < -1:
         raise APIError(400, f"top_k must be -1 (disabled), 0 (disabled) or positive, got {req.top_k}",
                        param="top_k", code="invalid_value")
@@ -235,12 +237,15 @@ def _params(req, max_tokens: int, request_id: str, vocab_size: int | None) -> Sa
         temperature=DEFAULT_TEMPERATURE if req.temperature is None else float(req.temperature),
         top_p=None if req.top_p is None else float(req.top_p),
         top_k=req.top_k, seed=req.seed, client=req.user or "default", request_id=request_id,
-        core_options=_stopping(req, max_tokens, vocab_size))
+        core_options=_core_options(req, max_tokens, vocab_size))
 
 
-def _stopping(req, max_tokens: int, vocab_size: int | None) -> dict:
-    """vLLM's stopping extensions, for the core (TorchCore honours them; see docs/server.md)."""
-    options: dict = {}
+def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
+    """Penalties and vLLM's stopping extensions, for the core (TorchCore honours them; see
+    docs/server.md); a value that changes nothing is left out."""
+    options: dict = {name: float(v) for name, v, off in (
+        ("presence_penalty", req.presence_penalty, 0), ("frequency_penalty", req.frequency_penalty, 0),
+        ("repetition_penalty", req.repetition_penalty, 1)) if v is not None and v != off}
     if req.ignore_eos:
         options["ignore_eos"] = True
     if req.min_tokens is not None:

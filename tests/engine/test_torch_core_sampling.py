@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from helios.engine.proposals import copy_proposals
+from hypothesis import given
+from hypothesis import strategies as st
+
 from helios.engine.sampling import (
-    SamplingOptions, probabilities, sample_rows, verify_greedy, verify_sampled,
+    SamplingOptions, penalize, probabilities, sample_rows, verify_greedy, verify_sampled,
 )
 from helios.errors import InvalidRequest
 
@@ -20,9 +23,42 @@ def test_options_defaults_and_validation():
     assert SamplingOptions.of().greedy and SamplingOptions.of(temperature=0).greedy
     assert SamplingOptions.of(top_k=-1).top_k == 0
     for bad in (dict(temperature=-1), dict(temperature=math.nan), dict(top_p=1.5), dict(top_k=2.5),
-                dict(seed="x"), dict(seed=-1), dict(temperature=True)):
+                dict(seed="x"), dict(seed=-1), dict(temperature=True), dict(presence_penalty=2.5),
+                dict(frequency_penalty=-2.01), dict(repetition_penalty=0), dict(repetition_penalty=-1.0),
+                dict(presence_penalty=math.inf)):
         with pytest.raises(InvalidRequest):
             SamplingOptions.of(**bad)
+    assert not SamplingOptions.of(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1).penalized
+    assert SamplingOptions.of(repetition_penalty=1.2).penalized and SamplingOptions.of(presence_penalty=-0.5).penalized
+
+
+@given(logits=st.lists(st.floats(-20, 20, width=32), min_size=8, max_size=8),
+       prompt=st.lists(st.integers(0, 7), max_size=6), output=st.lists(st.integers(0, 7), max_size=10),
+       presence=st.floats(-2, 2), frequency=st.floats(-2, 2), repetition=st.floats(0.1, 10))
+def test_penalties_match_their_definitions_token_by_token(logits, prompt, output, presence, frequency, repetition):
+    """Rule (OpenAI's presence and frequency penalties over the output; CTRL's repetition penalty
+    over prompt and output), against the definitions applied one token at a time."""
+    row = torch.tensor(logits, dtype=torch.float32)
+    options = SamplingOptions.of(presence_penalty=presence, frequency_penalty=frequency,
+                                 repetition_penalty=repetition)
+    got = row.clone()
+    penalize(got, prompt, output, options)
+    for t in range(8):
+        x = row[t].clone()
+        if t in prompt or t in output:
+            x = x / repetition if x > 0 else x * repetition
+        if t in output:
+            x = x - (torch.tensor(frequency, dtype=torch.float32) * output.count(t) + presence)
+        assert torch.isclose(got[t], x, rtol=1e-5, atol=1e-4), (t, float(got[t]), float(x))
+
+
+def test_penalties_off_leave_the_row_alone_and_greedy_rows_take_the_penalized_argmax():
+    row = LOGITS.clone()
+    penalize(row, [0, 1], [0, 0], SamplingOptions())
+    assert torch.equal(row, LOGITS)
+    row = LOGITS.clone()
+    penalize(row, [], [0, 0], SamplingOptions.of(frequency_penalty=1.0))  # 2.0 - 2 x 1.0 = 0.0 < 1.0
+    assert sample_rows(row[None], [SamplingOptions()], [None], [True]) == [1]
 
 
 def test_greedy_is_a_point_mass_on_the_argmax():

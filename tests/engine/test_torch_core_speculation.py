@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 from helios.config import PolicyConfig, SpeculationMode
 from helios.engine.model import KVCache, generate_greedy
 from helios.engine.torch_core import TorchCore
@@ -91,3 +93,41 @@ def test_sampled_rounds_are_seeded(loaded):
         results.append(run_rounds(core, prompts, 12, 4, opts))
     assert results[0] == results[1]
     assert results[0][2] > 0  # sampled verification still accepts copies
+
+
+PENALTIES = dict(presence_penalty=0.4, frequency_penalty=0.6, repetition_penalty=1.3)
+
+
+def penalized_greedy_reference(loaded, prompt, n, presence_penalty, frequency_penalty, repetition_penalty):
+    """Greedy decoding with the penalties applied by their definitions, one token at a time."""
+    model, eos = loaded.model, loaded.tokenizer.eos_id
+    cache = KVCache(loaded.config, 1, MAX_CONTEXT)
+    tokens, positions, out = torch.tensor([prompt]), torch.arange(len(prompt))[None], []
+    for _ in range(n):
+        logits = model(tokens, positions, torch.tensor([0]), cache,
+                       logits_at=torch.tensor([tokens.shape[1] - 1]))[0, -1].clone()
+        for t in set(prompt) | set(out):
+            logits[t] = logits[t] / repetition_penalty if logits[t] > 0 else logits[t] * repetition_penalty
+        for t in set(out):
+            logits[t] -= frequency_penalty * out.count(t) + presence_penalty
+        out.append(int(logits.argmax()))
+        if out[-1] == eos:
+            break
+        positions, tokens = positions[:, -1:] + 1, torch.tensor([[out[-1]]])
+    return out
+
+
+def test_penalized_greedy_matches_the_definition_with_and_without_speculation(loaded):
+    """Rule: penalties apply at every sampled position; a verified draft position is penalized as
+    if the drafts before it were accepted, so speculation stays lossless under penalties."""
+    prompt = chat(loaded.tokenizer, HELLO)  # a prompt that invites repetition
+    with torch.inference_mode():
+        reference = penalized_greedy_reference(loaded, prompt, 24, **PENALTIES)
+        plain = generate_greedy(loaded.model, loaded.tokenizer, prompt, 24, KVCache(loaded.config, 1, MAX_CONTEXT))
+    assert reference != plain  # the penalties change this output
+    for mode in (SpeculationMode.OFF, SpeculationMode.FIXED):
+        core = TorchCore(loaded=loaded, max_context=MAX_CONTEXT, speculation=mode)
+        d = SyncDriver(Scheduler(core.catalog, PolicyConfig(), core.scheduler_config()), core)
+        h = d.submit(prompt, 24, temperature=0.0, **PENALTIES)
+        d.run()
+        assert d.requests[h].tokens == reference, mode

@@ -224,7 +224,9 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "stop": [1]}, "stop"),
     ({"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
     ({"prompt": "x", "stream": "yes"}, "stream"),
-    ({"prompt": "x", "presence_penalty": 0.5}, "presence_penalty"),
+    ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
+    ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
     ({"prompt": "x", "logit_bias": {"1": 2.0}}, "logit_bias"),
 ]
 BAD_CHATS = [
