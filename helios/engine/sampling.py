@@ -30,6 +30,7 @@ class SamplingOptions:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
 
     @property
     def greedy(self) -> bool:
@@ -37,13 +38,16 @@ class SamplingOptions:
 
     @property
     def penalized(self) -> bool:
-        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+        """Whether `penalize` changes anything."""
+        return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
+                or bool(self.logit_bias))
 
     @classmethod
     def of(cls, temperature=None, top_p=None, top_k=None, seed=None, presence_penalty=None, frequency_penalty=None,
-           repetition_penalty=None) -> SamplingOptions:
+           repetition_penalty=None, logit_bias=None, vocab_size: int | None = None) -> SamplingOptions:
         """Validate attach() options; None means the default (greedy, no filters, random seed,
-        no penalties)."""
+        no penalties, no bias). `logit_bias` maps token ids (below `vocab_size` when given) to
+        biases in [-100, 100], OpenAI's range."""
         def number(name, v, low, high):
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
                     or not low <= v <= high:
@@ -63,8 +67,14 @@ class SamplingOptions:
         frequency = 0.0 if frequency_penalty is None else number("frequency_penalty", frequency_penalty, -2.0, 2.0)
         repetition = 1.0 if repetition_penalty is None else number("repetition_penalty", repetition_penalty,
                                                                      1e-6, 1e6)
+        bias = []
+        for token, b in dict(logit_bias or {}).items():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0 \
+                    or (vocab_size is not None and token >= vocab_size):
+                raise InvalidRequest(f"logit_bias keys must be token ids in [0, {vocab_size}), got {token!r}")
+            bias.append((token, number(f"logit_bias[{token}]", b, -100.0, 100.0)))
         # top_k <= 0 disables the filter (OpenAI-style -1 included).
-        return cls(t, p, max(0, top_k or 0), seed, presence, frequency, repetition)
+        return cls(t, p, max(0, top_k or 0), seed, presence, frequency, repetition, tuple(sorted(bias)))
 
     def generator(self) -> torch.Generator:
         """This request's CPU generator, seeded from `seed` (a random seed when absent)."""
@@ -74,9 +84,10 @@ class SamplingOptions:
 
 
 def penalize(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int], options: SamplingOptions) -> None:
-    """Apply a request's penalties, in place, to one row of logits [V] that samples its next
-    token after `output` (the tokens generated so far, in order):
+    """Apply a request's logit bias and penalties, in place, to one row of logits [V] that
+    samples its next token after `output` (the tokens generated so far, in order):
 
+    - logit bias (OpenAI's): each listed token's bias is added to its logit, first;
     - repetition (CTRL's, as vLLM and HF apply it): a token seen in the prompt or the output has
       its logit divided by the penalty when positive and multiplied by it otherwise, so a penalty
       above 1 always makes it less likely;
@@ -84,6 +95,10 @@ def penalize(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int],
       where c[t] counts t in the output only.
     Greedy requests take the argmax of the penalized row, so penalties apply to them too.
     """
+    if options.logit_bias:
+        ids, biases = zip(*options.logit_bias)
+        logits[torch.tensor(ids, device=logits.device)] += torch.tensor(biases, dtype=logits.dtype,
+                                                                         device=logits.device)
     if options.repetition_penalty != 1.0:
         seen = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
         seen[torch.tensor([*prompt, *output], dtype=torch.long, device=logits.device)] = True

@@ -42,7 +42,7 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
 
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty")
+                    "repetition_penalty", "logit_bias")
 # A guarded checkpoint match (CheckpointStore.match) to restore before the suffix is prefilled.
 RESTORE_OPTION = "checkpoint"
 # vLLM's stopping extensions: generate past EOS, no EOS or stop token before min_tokens, extra
@@ -198,7 +198,7 @@ class TorchCore:
         if match is not None and (self.checkpoints is None or not isinstance(match, Match)
                                   or not 0 < match.tokens < len(ids)):
             raise InvalidRequest(f"{RESTORE_OPTION} must be a CheckpointStore match inside the prompt")
-        sampling = SamplingOptions.of(**options)
+        sampling = SamplingOptions.of(**options, vocab_size=self.config.vocab_size)
         self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator(), stopping=stopping)
         if match is not None:
             self.pending_restores[handle] = match

@@ -8,7 +8,7 @@ fields that real clients send are known: the OpenAI ones below, and the vLLM ext
 load tools rely on (`ignore_eos`, `min_tokens`, `stop_token_ids`,
 `stream_options.continuous_usage_stats`) or that chat front ends send (`repetition_penalty`). Fields that do not change the output here (`user`,
 `store`, `metadata`, `service_tier`) are accepted and have no effect.
-Known OpenAI fields that this server cannot honour (logprobs, logit_bias, tools, ...)
+Known OpenAI fields that this server cannot honour (logprobs, tools, ...)
 are accepted by the schema only so that the translation step can reject them with a message
 that names the feature rather than a generic "extra field" error.
 """
@@ -83,7 +83,7 @@ class _Sampling(_Strict):
     presence_penalty: float | None = _finite()
     frequency_penalty: float | None = _finite()
     repetition_penalty: float | None = _finite()  # vLLM extension
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = None
 
 
 class CompletionRequest(_Sampling):

@@ -162,8 +162,6 @@ def _common(req) -> int:
     n = 1 if req.n is None else req.n
     if not 1 <= n <= MAX_N:
         raise APIError(400, f"n must be between 1 and {MAX_N}, got {n}", param="n", code="invalid_value")
-    if req.logit_bias:
-        raise APIError(400, "logit_bias is not supported", param="logit_bias", code="unsupported_parameter")
     if req.stream_options is not None and not req.stream:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options",
                        code="invalid_value")
@@ -221,6 +219,21 @@ def _max_tokens(value: int | None, param: str, prompt: int, max_context: int, de
     return value
 
 
+def _logit_bias(bias: dict[str, float], vocab_size: int | None) -> dict[int, float]:
+    """OpenAI's logit_bias: token ids (as JSON object keys, so strings) to biases in [-100, 100]."""
+    out = {}
+    for key, value in bias.items():
+        token = int(key) if key.isascii() and key.isdigit() else None
+        if token is None or (vocab_size is not None and token >= vocab_size):
+            raise APIError(400, f"logit_bias keys must be token ids in [0, {vocab_size}), got {key!r}",
+                           param="logit_bias", code="invalid_value")
+        if not -100 <= value <= 100:
+            raise APIError(400, f"logit_bias values must be between -100 and 100, got {value!r} for token {key}",
+                           param="logit_bias", code="invalid_value")
+        out[token] = float(value)
+    return out
+
+
 def _include_usage(req) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
 
@@ -254,6 +267,8 @@ def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
                            param="min_tokens", code="invalid_value")
         if req.min_tokens:
             options["min_tokens"] = req.min_tokens
+    if req.logit_bias:
+        options["logit_bias"] = _logit_bias(req.logit_bias, vocab_size)
     if req.stop_token_ids:
         bad = next((t for t in req.stop_token_ids if vocab_size is not None and not 0 <= t < vocab_size), None)
         if bad is not None or any(t < 0 for t in req.stop_token_ids):

@@ -25,26 +25,31 @@ def test_options_defaults_and_validation():
     for bad in (dict(temperature=-1), dict(temperature=math.nan), dict(top_p=1.5), dict(top_k=2.5),
                 dict(seed="x"), dict(seed=-1), dict(temperature=True), dict(presence_penalty=2.5),
                 dict(frequency_penalty=-2.01), dict(repetition_penalty=0), dict(repetition_penalty=-1.0),
-                dict(presence_penalty=math.inf)):
+                dict(presence_penalty=math.inf), dict(logit_bias={1: 101}), dict(logit_bias={-1: 1.0}),
+                dict(logit_bias={8: 1.0}, vocab_size=8), dict(logit_bias={"1": 1.0})):
         with pytest.raises(InvalidRequest):
             SamplingOptions.of(**bad)
     assert not SamplingOptions.of(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1).penalized
     assert SamplingOptions.of(repetition_penalty=1.2).penalized and SamplingOptions.of(presence_penalty=-0.5).penalized
+    assert SamplingOptions.of(logit_bias={3: -1.0}).penalized and not SamplingOptions.of(logit_bias={}).penalized
 
 
 @given(logits=st.lists(st.floats(-20, 20, width=32), min_size=8, max_size=8),
        prompt=st.lists(st.integers(0, 7), max_size=6), output=st.lists(st.integers(0, 7), max_size=10),
-       presence=st.floats(-2, 2), frequency=st.floats(-2, 2), repetition=st.floats(0.1, 10))
-def test_penalties_match_their_definitions_token_by_token(logits, prompt, output, presence, frequency, repetition):
-    """Rule (OpenAI's presence and frequency penalties over the output; CTRL's repetition penalty
-    over prompt and output), against the definitions applied one token at a time."""
+       presence=st.floats(-2, 2), frequency=st.floats(-2, 2), repetition=st.floats(0.1, 10),
+       bias=st.dictionaries(st.integers(0, 7), st.floats(-100, 100), max_size=3))
+def test_penalties_match_their_definitions_token_by_token(logits, prompt, output, presence, frequency, repetition,
+                                                          bias):
+    """Rule (OpenAI's logit bias first, then its presence and frequency penalties over the output;
+    CTRL's repetition penalty over prompt and output), against the definitions applied one token
+    at a time."""
     row = torch.tensor(logits, dtype=torch.float32)
     options = SamplingOptions.of(presence_penalty=presence, frequency_penalty=frequency,
-                                 repetition_penalty=repetition)
+                                 repetition_penalty=repetition, logit_bias=bias, vocab_size=8)
     got = row.clone()
     penalize(got, prompt, output, options)
     for t in range(8):
-        x = row[t].clone()
+        x = row[t].clone() + torch.tensor(bias.get(t, 0.0), dtype=torch.float32)
         if t in prompt or t in output:
             x = x / repetition if x > 0 else x * repetition
         if t in output:

@@ -126,8 +126,20 @@ def test_penalized_greedy_matches_the_definition_with_and_without_speculation(lo
         plain = generate_greedy(loaded.model, loaded.tokenizer, prompt, 24, KVCache(loaded.config, 1, MAX_CONTEXT))
     assert reference != plain  # the penalties change this output
     for mode in (SpeculationMode.OFF, SpeculationMode.FIXED):
-        core = TorchCore(loaded=loaded, max_context=MAX_CONTEXT, speculation=mode)
-        d = SyncDriver(Scheduler(core.catalog, PolicyConfig(), core.scheduler_config()), core)
-        h = d.submit(prompt, 24, temperature=0.0, **PENALTIES)
-        d.run()
-        assert d.requests[h].tokens == reference, mode
+        assert greedy_tokens(loaded, prompt, 24, mode, **PENALTIES) == reference, mode
+
+
+def greedy_tokens(loaded, prompt, n, mode=SpeculationMode.OFF, **options):
+    core = TorchCore(loaded=loaded, max_context=MAX_CONTEXT, speculation=mode)
+    d = SyncDriver(Scheduler(core.catalog, PolicyConfig(), core.scheduler_config()), core)
+    h = d.submit(prompt, n, temperature=0.0, **options)
+    d.run()
+    return d.requests[h].tokens
+
+
+def test_logit_bias_bans_and_forces_tokens(loaded):
+    """Rule (OpenAI's logit_bias): -100 keeps a token out of a greedy output, +100 makes it the output."""
+    prompt = chat(loaded.tokenizer, HELLO)
+    plain = greedy_tokens(loaded, prompt, 6)
+    assert plain[0] not in greedy_tokens(loaded, prompt, 6, logit_bias={plain[0]: -100.0})
+    assert greedy_tokens(loaded, prompt, 6, logit_bias={1000: 100.0}) == [1000] * 6
