@@ -10,6 +10,20 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One output token's log-probability under the model's raw distribution (before bias,
+    penalties, temperature and filters), and the `logprobs` most likely tokens' (id, logprob)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+# The `attach` option asking a core for log-probabilities: how many top alternatives per token.
+LOGPROBS_OPTION = "logprobs"
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's chat API allows 20 too
+
+
+@dataclass(frozen=True, slots=True)
 class Execution:
     """A finished frame: one record per lane, the timing, and the true duration it took."""
 
@@ -18,6 +32,8 @@ class Execution:
     duration_ns: int
     confidence: object = None  # FP32 [2, slots, draft_capacity] sidecar of a device-allocated round
     survival: dict | None = None  # completion_speculative_survival rows by handle
+    # For requests attached with LOGPROBS_OPTION: by handle, one entry per token of its record.
+    logprobs: dict[RequestHandle, tuple[TokenLogprobs, ...]] | None = None
 
 
 @runtime_checkable

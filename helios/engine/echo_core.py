@@ -13,6 +13,7 @@ import time
 
 from helios.config import SchedulerConfig
 from helios.engine.byte_tokenizer import ByteTokenizer
+from helios.engine.core import LOGPROBS_OPTION, TokenLogprobs
 from helios.engine.sim_core import SimCore
 from helios.graphs import GraphKind
 from helios.prepare import Capacities, build_catalog
@@ -47,6 +48,7 @@ class EchoSimCore(SimCore):
         self.max_context = max_context
         self.pace = pace
         self._prompts: dict[int, tuple[list[int], int]] = {}
+        self._logprobs: dict[int, int] = {}  # handle -> top alternatives asked for
         self._lock = threading.Lock()
 
     def scheduler_config(self, **overrides) -> SchedulerConfig:
@@ -60,19 +62,25 @@ class EchoSimCore(SimCore):
         super().attach(handle, prompt)
         ids = [int(t) for t in prompt if int(t) < 256] or [ord("x")]
         self._prompts[handle] = (ids, 0)
+        if options.get(LOGPROBS_OPTION) is not None:
+            self._logprobs[handle] = options[LOGPROBS_OPTION]
 
     def detach(self, handle) -> None:
         super().detach(handle)
         self._prompts.pop(handle, None)
+        self._logprobs.pop(handle, None)
 
     def execute(self, plan, fence):
         with self._lock:
             execution = super().execute(plan, fence)
             records = tuple(dataclasses.replace(r, tokens=self._echo(r.handle, len(r.tokens)))
                             for r in execution.records)
+            # The echo is certain: each token has log-probability 0 and is its own only alternative.
+            logprobs = {r.handle: tuple(TokenLogprobs(0.0, ((t, 0.0),) if self._logprobs[r.handle] else ())
+                                        for t in r.tokens) for r in records if r.handle in self._logprobs}
         if self.pace:
             time.sleep(execution.duration_ns * self.pace / 1e9)
-        return dataclasses.replace(execution, records=records)
+        return dataclasses.replace(execution, records=records, logprobs=logprobs or None)
 
     def _echo(self, handle, n: int) -> tuple[int, ...]:
         ids, pos = self._prompts.get(handle, ([ord("x")], 0))

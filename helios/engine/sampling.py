@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from helios.engine.core import TokenLogprobs
 from helios.errors import InvalidRequest
 
 
@@ -108,6 +109,19 @@ def penalize(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int],
         counts = torch.bincount(torch.tensor(list(output), dtype=torch.long, device=logits.device),
                                 minlength=logits.shape[-1]).to(logits.dtype)
         logits -= options.frequency_penalty * counts + options.presence_penalty * (counts > 0).to(logits.dtype)
+
+
+def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the model's raw distribution, from logits [..., V] (a copy, taken
+    before bias and penalties change the logits in place)."""
+    return torch.log_softmax(logits.detach().float(), dim=-1).cpu()
+
+
+def token_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprobs:
+    """The sampled token's entry of one raw log-probability row [V], with the `top` most likely."""
+    best = torch.topk(logprobs, top) if top else None
+    pairs = () if best is None else tuple(zip(best.indices.tolist(), best.values.tolist()))
+    return TokenLogprobs(float(logprobs[token]), pairs)
 
 
 def probabilities(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:

@@ -160,7 +160,7 @@ class TensorParallelCore:
         self.last_rank_intervals_ns = intervals
         self.last_collective_ns = tuple(int(p[2]) for p in posts)
         return Execution(execution.records, ExecutionTiming(intervals, None, None), max(intervals),
-                         execution.confidence, execution.survival)
+                         execution.confidence, execution.survival, execution.logprobs)
 
     def time_graph(self, shape, context: int = 0) -> int:
         ops, self._ops = self._ops, []

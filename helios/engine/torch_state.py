@@ -68,6 +68,7 @@ class CoreRequest:
     kv_len: int = 0  # valid KV entries: consumed prompt, then committed outputs but the pending one
     generated: list[int] = field(default_factory=list)  # sampled tokens; the last is pending
     stopping: Stopping = Stopping(frozenset())  # TorchCore.attach always sets EOS and the options
+    logprobs: int | None = None  # top alternatives to report per output token; None: no log-probabilities
 
     @property
     def pending(self) -> int | None:

@@ -79,6 +79,10 @@ class Runtime:
         self._inbox: deque = deque()  # worker -> runtime thread: completions, faults, attach failures
         self._work: queue.SimpleQueue = queue.SimpleQueue()  # runtime -> worker, FIFO
         self._dispatched: dict[int, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
+        # Log-probabilities of the tokens fed to a stream's Publication and not yet shown, in order
+        # (Publication shows ids in the order fed), for streams that asked for them.
+        self._logprobs: dict[int, list] = {}
+        self._frame_logprobs: dict = {}  # the finishing frame's Execution.logprobs
         # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
         self._step = StepLoop(scheduler, clock, lambda handle: self._work.put(("detach", handle)),
                               on_decision=lambda ns: self.stats.decisions.observe(ns))
@@ -169,6 +173,8 @@ class Runtime:
             stream = RequestStream(handle, len(prompt), params, now, self._cancel)
             self._streams[handle] = stream
             self._pubs[handle] = Publication(self.tokenizer, params.stop)
+            if params.logprobs is not None:
+                self._logprobs[handle] = []
             # Queued before any execute that can include the handle: the worker is FIFO.
             self._work.put(("attach", handle, prompt, options))
             self._step.attached(handle)
@@ -220,11 +226,14 @@ class Runtime:
             timing = dataclasses.replace(execution.timing, wall_ns=max(0, end_ns - dispatch_ns))
             self._step.now()
             start = time.perf_counter_ns()
+            self._frame_logprobs = execution.logprobs or {}
             try:
                 self._step.finish(fence, dataclasses.replace(execution, timing=timing), self._publish)
             except InvalidCompletion as exc:  # state unchanged: resolve the frame as a fault
                 self._fail_frame(fence, plan, f"engine returned an invalid completion: {exc}")
                 return
+            finally:
+                self._frame_logprobs = {}
             self.stats.completions.observe(time.perf_counter_ns() - start)
             label = plan.shape.label()
             self.stats.executions_by_shape[label] = self.stats.executions_by_shape.get(label, 0) + 1
@@ -253,7 +262,11 @@ class Runtime:
         if stream is None or pub is None:
             return False  # already ended on the host side (cancelled, stopped, failed)
         stream._count(len(g.tokens))
-        piece = pub.feed(visible_tokens(g))
+        shown = visible_tokens(g)
+        if (pending := self._logprobs.get(g.handle)) is not None:
+            entries = tuple(self._frame_logprobs.get(g.handle, ()))[:len(shown)]  # aligned with the record
+            pending.extend(entries + (None,) * (len(shown) - len(entries)))
+        piece = pub.feed(shown)
         if g.finish is not None and not piece.stopped:
             piece = piece.then(pub.flush())
         finish = STOP if piece.stopped else (_FINISH[g.finish] if g.finish is not None else None)
@@ -262,10 +275,19 @@ class Runtime:
             # Output age is measured from the actual host publication time.
             stream.metrics.published(self._step.now())
             if finish is None:
-                stream._push(StreamEvent(piece.text, piece.token_ids))
+                stream._push(StreamEvent(piece.text, piece.token_ids, None, self._take_logprobs(g.handle, piece)))
         if finish is not None:
-            self._finish(stream, finish, event=StreamEvent(piece.text, piece.token_ids, finish))
+            self._finish(stream, finish, event=StreamEvent(piece.text, piece.token_ids, finish,
+                                                           self._take_logprobs(g.handle, piece)))
         return visible
+
+    def _take_logprobs(self, handle: int, piece) -> tuple | None:
+        pending = self._logprobs.get(handle)
+        if pending is None:
+            return None
+        taken = tuple(pending[:len(piece.token_ids)])
+        del pending[:len(piece.token_ids)]
+        return taken
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None,
                 event: StreamEvent | None = None) -> None:
@@ -282,6 +304,7 @@ class Runtime:
                     event: StreamEvent | None = None) -> None:
         self._streams.pop(stream.handle, None)
         self._pubs.pop(stream.handle, None)
+        self._logprobs.pop(stream.handle, None)
         stream.metrics.finished_ns = self._step.last_ns
         stream._push(event or StreamEvent("", (), reason), error)
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1

@@ -9,6 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, TokenLogprobs
 from helios.errors import InvalidRequest
 
 # finish_reason values a stream can end with (OpenAI's, plus "cancelled" and "error").
@@ -35,6 +36,8 @@ class SamplingParams:
     # Exact token offsets where the prompt's completed messages end (chat requests): checkpoint
     # anchors, and what makes the request's final state worth a terminal capture.
     endpoints: tuple[int, ...] = ()
+    # Log-probabilities of each output token with this many top alternatives (0-20); None: none.
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -54,19 +57,25 @@ class SamplingParams:
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
         if not isinstance(self.client, str):
             raise InvalidRequest(f"client must be a string, got {self.client!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise InvalidRequest(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
 
     def attach_options(self) -> dict[str, Any]:
-        opts = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed") if getattr(self, k) is not None}
+        opts = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed", LOGPROBS_OPTION)
+                if getattr(self, k) is not None}
         return {**opts, **self.core_options}
 
 
 @dataclass(frozen=True, slots=True)
 class StreamEvent:
-    """One visible publication. The last event of a stream carries its finish_reason."""
+    """One visible publication. The last event of a stream carries its finish_reason. For a
+    request with `logprobs`, one entry per token id (None where the core gave none)."""
 
     text: str
     token_ids: tuple[int, ...]
     finish_reason: str | None = None
+    logprobs: tuple[TokenLogprobs | None, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,6 +17,7 @@ from helios.runtime.stream import RequestStream
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
 from helios.server.errors import APIError, install_handlers
+from helios.server.logprobs import LogprobsFormatter
 from helios.server.metrics import CONTENT_TYPE, ServerMetrics
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from helios.server.responses import Choices, collect, events
@@ -84,7 +85,7 @@ class Service:
                                 f"limit is {self.limit}); retry later", code="queue_full",
                            headers={"retry-after": "1"})
 
-    def submit(self, prepared: Prepared) -> Choices:
+    def submit(self, prepared: Prepared, chat: bool = False) -> Choices:
         """Submit every choice, or none: a choice that cannot be submitted cancels those that were."""
         with self._lock:
             self.check_admission(len(prepared.choices))
@@ -102,7 +103,8 @@ class Service:
                                code="shutting_down") from None
             self.metrics.rejected.labels("invalid").inc()
             raise APIError(400, str(exc), code="invalid_value") from None
-        return Choices(prepared, streams)
+        wants = any(c.params.logprobs is not None for c in prepared.choices)
+        return Choices(prepared, streams, LogprobsFormatter(self.backend.tokenizer, chat) if wants else None)
 
     def _unlive(self, count: int = 1) -> None:
         with self._lock:
@@ -212,7 +214,7 @@ async def _serve(request: Request, service: Service, req, chat: bool):
     else:
         prepared = await run_in_threadpool(prepare_completion, req, backend.tokenizer, backend.max_context,
                                            backend.vocab_size)
-    choices = service.submit(prepared)
+    choices = service.submit(prepared, chat)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
     draining = lambda: service.draining  # noqa: E731

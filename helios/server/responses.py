@@ -11,16 +11,22 @@ from fastapi import Request
 
 from helios.runtime.stream import LENGTH, STOP, RequestStream, StreamEvent
 from helios.server.errors import APIError
+from helios.server.logprobs import LogprobsFormatter
 from helios.server.sse import DONE, Formatter, error_event
 from helios.server.translate import Prepared
 
 
 class Choices:
-    """The runtime streams of one request's choices, in OpenAI's index order."""
+    """The runtime streams of one request's choices, in OpenAI's index order, and the logprobs
+    formatter of those that asked for log-probabilities."""
 
-    def __init__(self, prepared: Prepared, streams: list[RequestStream]):
+    def __init__(self, prepared: Prepared, streams: list[RequestStream], logprobs: LogprobsFormatter | None = None):
         self.prepared = prepared
         self.streams = streams
+        self.logprobs = logprobs
+
+    def wants_logprobs(self, index: int) -> bool:
+        return self.logprobs is not None and self.prepared.choices[index].params.logprobs is not None
 
     def cancel(self) -> None:
         for stream in self.streams:
@@ -68,8 +74,12 @@ async def events(choices: Choices, fmt: Formatter, draining: Callable[[], bool])
     async with contextlib.aclosing(choices.merged()) as merged:
         async for i, event in merged:
             if event is not None:
-                if event.text:
-                    yield fmt.chunk(text=event.text, counts=choices.counts(), index=i)
+                logprobs = None
+                if choices.wants_logprobs(i) and event.token_ids:
+                    entries = event.logprobs or (None,) * len(event.token_ids)
+                    logprobs = choices.logprobs.build(i, event.token_ids, entries)
+                if event.text or logprobs is not None:
+                    yield fmt.chunk(text=event.text, counts=choices.counts(), index=i, logprobs=logprobs)
                 continue
             stream = choices.streams[i]
             if stream.finish_reason not in (STOP, LENGTH):
@@ -92,18 +102,26 @@ async def collect(request: Request, choices: Choices, fmt: Formatter, draining: 
 
     watcher = asyncio.create_task(watch())
     texts: list[list[str]] = [[] for _ in choices.streams]
+    tokens: list[list] = [[] for _ in choices.streams]  # (token id, logprobs entry) pairs of each choice
     try:
         async with contextlib.aclosing(choices.merged()) as merged:
             async for i, event in merged:
                 if event is not None:
                     texts[i].append(event.text)
+                    tokens[i].extend(zip(event.token_ids, event.logprobs or (None,) * len(event.token_ids)))
                 elif choices.streams[i].finish_reason not in (STOP, LENGTH):
                     raise ended_error(choices.streams[i], draining())
     finally:
         watcher.cancel()
         choices.cancel()  # frees the slots if this handler is torn down early, or one choice failed
-    bodies = [((c.echo_text or "") + "".join(t), s.finish_reason)
-              for c, t, s in zip(choices.prepared.choices, texts, choices.streams)]
+    def logprobs(i: int) -> dict | None:
+        if not choices.wants_logprobs(i):
+            return None
+        ids, entries = zip(*tokens[i]) if tokens[i] else ((), ())
+        return choices.logprobs.build(i, ids, entries)
+
+    bodies = [((c.echo_text or "") + "".join(t), s.finish_reason, logprobs(i))
+              for i, (c, t, s) in enumerate(zip(choices.prepared.choices, texts, choices.streams))]
     return fmt.full(bodies, *choices.counts())
 
 

@@ -6,7 +6,8 @@ instead accepts them with a logged warning). We reject, because a misspelled opt
 silently dropped (`max_token`, `temprature`) gives wrong output with no sign of why, and the
 fields that real clients send are known: the OpenAI ones below, and the vLLM extensions that
 load tools rely on (`ignore_eos`, `min_tokens`, `stop_token_ids`,
-`stream_options.continuous_usage_stats`) or that chat front ends send (`repetition_penalty`). Fields that do not change the output here (`user`,
+`stream_options.continuous_usage_stats`) or that chat front ends send
+(`repetition_penalty`). Fields that do not change the output here (`user`,
 `store`, `metadata`, `service_tier`) are accepted and have no effect.
 Known OpenAI fields that this server cannot honour (logprobs, tools, ...)
 are accepted by the schema only so that the translation step can reject them with a message

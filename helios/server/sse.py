@@ -32,15 +32,15 @@ class Formatter:
                 "system_fingerprint": None, "choices": choices}
 
     def chunk(self, text: str | None = None, finish: str | None = None, role: bool = False,
-              counts: tuple[int, int] | None = None, index: int = 0) -> str:
+              counts: tuple[int, int] | None = None, index: int = 0, logprobs: dict | None = None) -> str:
         """One chunk of choice `index`; `counts` (prompt, completion tokens so far) fill its usage
         when the client asked for continuous usage stats."""
         if self.chat:
             delta = {"role": "assistant", "content": ""} if role else ({} if text is None else {"content": text})
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             body = self._envelope("chat.completion.chunk", [choice])
         else:
-            choice = {"index": index, "text": text or "", "logprobs": None, "finish_reason": finish}
+            choice = {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
             body = self._envelope("text_completion", [choice])
         if self.continuous_usage and counts is not None:
             body["usage"] = usage(*counts)
@@ -53,16 +53,16 @@ class Formatter:
         body["usage"] = usage(prompt_tokens, completion_tokens)
         return _event(body)
 
-    def full(self, choices: list[tuple[str, str]], prompt_tokens: int, completion_tokens: int) -> dict:
-        """The whole response; `choices` are (text, finish_reason) in index order."""
+    def full(self, choices: list[tuple[str, str, dict | None]], prompt_tokens: int, completion_tokens: int) -> dict:
+        """The whole response; `choices` are (text, finish_reason, logprobs) in index order."""
         if self.chat:
             body = self._envelope("chat.completion", [
-                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                 "finish_reason": finish} for i, (text, finish) in enumerate(choices)])
+                {"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs,
+                 "finish_reason": finish} for i, (text, finish, logprobs) in enumerate(choices)])
         else:
             body = self._envelope("text_completion", [
-                {"index": i, "text": text, "logprobs": None, "finish_reason": finish}
-                for i, (text, finish) in enumerate(choices)])
+                {"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish}
+                for i, (text, finish, logprobs) in enumerate(choices)])
         body["usage"] = usage(prompt_tokens, completion_tokens)
         return body
 

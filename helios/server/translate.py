@@ -10,6 +10,7 @@ import dataclasses
 import uuid
 from dataclasses import dataclass
 
+from helios.engine.core import MAX_LOGPROBS
 from helios.runtime.stream import SamplingParams
 from helios.server.anchors import message_endpoints
 from helios.server.errors import APIError
@@ -50,8 +51,12 @@ def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, voca
     if req.suffix is not None:
         raise APIError(400, "suffix (insertion) is not supported", param="suffix", code="unsupported_parameter")
     if req.logprobs is not None:
-        raise APIError(400, "logprobs are not supported by this server", param="logprobs",
-                       code="unsupported_parameter")
+        if not 0 <= req.logprobs <= MAX_LOGPROBS:
+            raise APIError(400, f"logprobs must be between 0 and {MAX_LOGPROBS}, got {req.logprobs}",
+                           param="logprobs", code="invalid_value")
+        if req.echo:
+            raise APIError(400, "log-probabilities of the prompt (echo with logprobs) are not supported; "
+                                "drop echo to get the output's", param="echo", code="unsupported_parameter")
     prompt = req.prompt
     # A list of strings or of token-id lists is a batch: one choice (n choices) per prompt.
     batch = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
@@ -93,9 +98,13 @@ def _samples(n: int, ids: list[int], params: SamplingParams, echo: str | None = 
 
 def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_size: int | None = None) -> Prepared:
     n = _common(req)
-    if req.logprobs or req.top_logprobs:
-        param = "logprobs" if req.logprobs else "top_logprobs"
-        raise APIError(400, "logprobs are not supported by this server", param=param, code="unsupported_parameter")
+    if req.top_logprobs is not None:
+        if not req.logprobs:
+            raise APIError(400, "top_logprobs needs logprobs set to true", param="top_logprobs",
+                           code="invalid_value")
+        if not 0 <= req.top_logprobs <= MAX_LOGPROBS:
+            raise APIError(400, f"top_logprobs must be between 0 and {MAX_LOGPROBS}, got {req.top_logprobs}",
+                           param="top_logprobs", code="invalid_value")
     if req.tools:
         raise APIError(400, "tools (function calling) are not supported", param="tools",
                        code="unsupported_parameter")
@@ -243,13 +252,21 @@ def _continuous_usage(req) -> bool:
     return _include_usage(req) and req.stream_options.continuous_usage_stats
 
 
+def _logprobs(req) -> int | None:
+    """Top alternatives per output token, or None: completions' `logprobs: k`, chat's
+    `logprobs: true` with `top_logprobs: k` (0 when absent)."""
+    if isinstance(req, ChatCompletionRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
 def _params(req, max_tokens: int, request_id: str, vocab_size: int | None) -> SamplingParams:
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return SamplingParams(
         max_tokens=max_tokens, stop=stops,
         temperature=DEFAULT_TEMPERATURE if req.temperature is None else float(req.temperature),
         top_p=None if req.top_p is None else float(req.top_p),
-        top_k=req.top_k, seed=req.seed, client=req.user or "default", request_id=request_id,
+        top_k=req.top_k, seed=req.seed, client=req.user or "default", request_id=request_id, logprobs=_logprobs(req),
         core_options=_core_options(req, max_tokens, vocab_size))
 
 

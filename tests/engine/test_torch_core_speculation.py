@@ -15,7 +15,7 @@ from helios.graphs import GraphKind, GraphShape
 from helios.scheduler import Lane, Scheduler
 
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_helpers import chat, loaded, plan  # noqa: E402,F401 (loaded is a fixture)
+from torch_helpers import chat, loaded, penalized_greedy_reference, plan  # noqa: E402,F401 (loaded is a fixture)
 
 MAX_CONTEXT = 512
 HELLO = "Write the word 'hello' ten times separated by spaces."
@@ -98,31 +98,12 @@ def test_sampled_rounds_are_seeded(loaded):
 PENALTIES = dict(presence_penalty=0.4, frequency_penalty=0.6, repetition_penalty=1.3)
 
 
-def penalized_greedy_reference(loaded, prompt, n, presence_penalty, frequency_penalty, repetition_penalty):
-    """Greedy decoding with the penalties applied by their definitions, one token at a time."""
-    model, eos = loaded.model, loaded.tokenizer.eos_id
-    cache = KVCache(loaded.config, 1, MAX_CONTEXT)
-    tokens, positions, out = torch.tensor([prompt]), torch.arange(len(prompt))[None], []
-    for _ in range(n):
-        logits = model(tokens, positions, torch.tensor([0]), cache,
-                       logits_at=torch.tensor([tokens.shape[1] - 1]))[0, -1].clone()
-        for t in set(prompt) | set(out):
-            logits[t] = logits[t] / repetition_penalty if logits[t] > 0 else logits[t] * repetition_penalty
-        for t in set(out):
-            logits[t] -= frequency_penalty * out.count(t) + presence_penalty
-        out.append(int(logits.argmax()))
-        if out[-1] == eos:
-            break
-        positions, tokens = positions[:, -1:] + 1, torch.tensor([[out[-1]]])
-    return out
-
-
 def test_penalized_greedy_matches_the_definition_with_and_without_speculation(loaded):
     """Rule: penalties apply at every sampled position; a verified draft position is penalized as
     if the drafts before it were accepted, so speculation stays lossless under penalties."""
     prompt = chat(loaded.tokenizer, HELLO)  # a prompt that invites repetition
     with torch.inference_mode():
-        reference = penalized_greedy_reference(loaded, prompt, 24, **PENALTIES)
+        reference, _ = penalized_greedy_reference(loaded, prompt, 24, MAX_CONTEXT, **PENALTIES)
         plain = generate_greedy(loaded.model, loaded.tokenizer, prompt, 24, KVCache(loaded.config, 1, MAX_CONTEXT))
     assert reference != plain  # the penalties change this output
     for mode in (SpeculationMode.OFF, SpeculationMode.FIXED):

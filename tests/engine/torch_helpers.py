@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from helios.engine.model import KVCache
 from helios.engine.torch_core import load_model
 from helios.scheduler import Lane, ScheduledPlan, SelectionReason
 
@@ -28,3 +29,26 @@ def plan(shape, lanes):
 
 def lane(handle, slot, prompt_start=0, prompt_tokens=0, context=0, rows=1):
     return Lane(handle, 0, 0, slot, prompt_start, prompt_tokens, context, rows, 1.0, 1.0, 0.0)
+
+
+def penalized_greedy_reference(loaded, prompt, n, max_context, presence_penalty=0.0, frequency_penalty=0.0,
+                               repetition_penalty=1.0):
+    """Greedy decoding with the penalties applied by their definitions, one token at a time: the
+    tokens, and each one's log-probability under the raw (unpenalized) distribution."""
+    model, eos = loaded.model, loaded.tokenizer.eos_id
+    cache = KVCache(loaded.config, 1, max_context)
+    tokens, positions, out, raw = torch.tensor([prompt]), torch.arange(len(prompt))[None], [], []
+    for _ in range(n):
+        logits = model(tokens, positions, torch.tensor([0]), cache,
+                       logits_at=torch.tensor([tokens.shape[1] - 1]))[0, -1].clone()
+        logprobs = torch.log_softmax(logits.float(), -1)
+        for t in set(prompt) | set(out):
+            logits[t] = logits[t] / repetition_penalty if logits[t] > 0 else logits[t] * repetition_penalty
+        for t in set(out):
+            logits[t] -= frequency_penalty * out.count(t) + presence_penalty
+        out.append(int(logits.argmax()))
+        raw.append(float(logprobs[out[-1]]))
+        if out[-1] == eos:
+            break
+        positions, tokens = positions[:, -1:] + 1, torch.tensor([[out[-1]]])
+    return out, raw
