@@ -28,9 +28,8 @@ from helios.engine.core import Execution
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.proposals import copy_proposals
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS
-from helios.engine.sampling import (
-    SamplingOptions, penalize, raw_logprobs, sample_rows, token_logprobs, verify_greedy, verify_sampled,
-)
+from helios.engine.sampling import SamplingOptions
+from helios.engine.torch_outputs import aligned_logprobs, sample_outputs, verify_outputs
 from helios.engine.torch_checkpoints import CheckpointStore, Match
 from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
 from helios.engine.torch_packed import PackedGraph, needs_packing
@@ -252,14 +251,14 @@ class TorchCore:
         with torch.inference_mode():
             logits = graph.forward(self.model, self.cache)
             if kind is GraphKind.SPECULATIVE:
-                outputs = self._verify(works, drafts, logits, lps)
+                outputs = verify_outputs(works, drafts, logits, lps)
             else:
-                outputs = self._sample(works, logits[:, -1], packing, lps)
+                outputs = sample_outputs(works, logits[:, -1], packing, lps)
         duration = timer.stop()
         self.last_packing = packing
         offered = [len(d) for d in drafts] if kind is GraphKind.SPECULATIVE else [None] * len(works)
         records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
-        return Execution(records, ExecutionTiming((duration,), None, None), duration, logprobs=_aligned(records, lps))
+        return Execution(records, ExecutionTiming((duration,), None, None), duration, logprobs=aligned_logprobs(records, lps))
 
     def _packed_graph(self, shape) -> PackedGraph:
         if shape not in self.packed:
@@ -288,10 +287,10 @@ class TorchCore:
             # The row sampling mask: a prompt row samples only when it finishes; verified rows sample below.
             mask = tuple(m and not (verify and b < len(works) and b not in prompt)
                          for b, m in enumerate(packing.sample_mask))
-            outputs = self._sample(works, logits[:, 0], dataclasses.replace(packing, sample_mask=mask), lps)
+            outputs = sample_outputs(works, logits[:, 0], dataclasses.replace(packing, sample_mask=mask), lps)
             if verify:
                 decoders = [i for i in range(len(works)) if i not in prompt]
-                verified = self._verify([works[i] for i in decoders], [drafts[i] for i in decoders],
+                verified = verify_outputs([works[i] for i in decoders], [drafts[i] for i in decoders],
                                         logits[decoders], lps)
                 for i, out in zip(decoders, verified):
                     outputs[i] = out
@@ -299,7 +298,7 @@ class TorchCore:
         self.last_packing = packing
         offered = [len(d) if verify and i not in prompt else None for i, d in enumerate(drafts)]
         records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
-        return Execution(records, ExecutionTiming((duration,), None, None), duration, logprobs=_aligned(records, lps))
+        return Execution(records, ExecutionTiming((duration,), None, None), duration, logprobs=aligned_logprobs(records, lps))
 
     def _time_packed(self, shape, context: int) -> int:
         """Time a mixed graph on scratch rows only: a full prompt row and full decode rows."""
@@ -314,43 +313,6 @@ class TorchCore:
         with torch.inference_mode():
             graph.forward(self.model, self.cache)[:, 0].argmax(-1).tolist()
         return timer.stop()
-
-    def _sample(self, works: list[LaneWork], logits: torch.Tensor, packing: Packing, lps: dict) -> list[list[int]]:
-        """One token per sampled row; requests that asked for log-probabilities get them in `lps`."""
-        n = len(works)
-        raw = {b: raw_logprobs(logits[b]) for b, w in enumerate(works)
-               if w.request.logprobs is not None and packing.sample_mask[b]}
-        for b, w in enumerate(works):
-            if w.request.options.penalized and packing.sample_mask[b]:
-                penalize(logits[b], w.request.prompt, w.request.generated, w.request.options)
-            if w.request.stopping.blocks(len(w.request.generated)):
-                logits[b, list(w.request.stopping.terminal)] = float("-inf")
-        opts = [w.request.options for w in works] + [None] * (logits.shape[0] - n)
-        gens = [w.request.generator for w in works] + [None] * (logits.shape[0] - n)
-        tokens = sample_rows(logits, opts, gens, packing.sample_mask)
-        for b, row in raw.items():
-            lps[works[b].request.handle] = [token_logprobs(row, tokens[b], works[b].request.logprobs)]
-        return [[] if t is None else [t] for t in tokens[:n]]
-
-    def _verify(self, works: list[LaneWork], drafts: list[list[int]], logits: torch.Tensor,
-                lps: dict) -> list[list[int]]:
-        out = []
-        for b, (w, d) in enumerate(zip(works, drafts)):
-            stop = w.request.stopping
-            raw = raw_logprobs(logits[b, : len(d) + 1]) if w.request.logprobs is not None else None
-            for i in range(len(d) + 1):  # position i samples output number len(generated) + i + 1
-                if w.request.options.penalized:  # as if drafts d[:i] were accepted, as they must be to use it
-                    penalize(logits[b, i], w.request.prompt, [*w.request.generated, *d[:i]], w.request.options)
-                if stop.blocks(len(w.request.generated) + i):
-                    logits[b, i, list(stop.terminal)] = float("-inf")
-            opts = w.request.options
-            if opts.greedy:
-                out.append(verify_greedy(logits[b, : len(d) + 1].argmax(-1).tolist(), d))
-            else:
-                out.append(verify_sampled(logits[b, : len(d) + 1], d, opts, w.request.generator))
-            if raw is not None:  # position i emitted out[-1][i]
-                lps[w.request.handle] = [token_logprobs(raw[i], t, w.request.logprobs) for i, t in enumerate(out[-1])]
-        return out
 
     def _commit(self, w: LaneWork, tokens: list[int], offered: int | None) -> CompletionRecord:
         """Advance the request's state by what the execution produced; build its record."""
@@ -370,11 +332,6 @@ class TorchCore:
         r.generated.extend(tokens)
         return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), end is not None,
                                 offered)
-
-
-def _aligned(records, lps: dict) -> dict | None:
-    """Log-probabilities by handle, cut to the tokens each record kept (nothing after EOS)."""
-    return {r.handle: tuple(lps[r.handle][: len(r.tokens)]) for r in records if r.handle in lps} or None
 
 
 class _Timer:

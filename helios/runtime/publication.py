@@ -73,15 +73,19 @@ def make_decoder(tokenizer):
 
 @dataclass(frozen=True, slots=True)
 class Piece:
-    """What one burst makes visible: text, the token ids it accounts for, and whether a stop
-    string ended the response."""
+    """What one burst makes visible: text, the token ids it accounts for, whether a stop
+    string ended the response, and (for a request that asked) one log-probability entry per id."""
 
     text: str = ""
     token_ids: tuple[int, ...] = ()
     stopped: bool = False
+    logprobs: tuple | None = None
 
     def then(self, other: Piece) -> Piece:
-        return Piece(self.text + other.text, self.token_ids + other.token_ids, self.stopped or other.stopped)
+        logprobs = None if self.logprobs is None and other.logprobs is None else \
+            (self.logprobs or ()) + (other.logprobs or ())
+        return Piece(self.text + other.text, self.token_ids + other.token_ids, self.stopped or other.stopped,
+                     logprobs)
 
 
 def held_suffix(text: str, stops: Sequence[str]) -> int:
@@ -101,27 +105,38 @@ class Publication:
     With no tokenizer, text is always empty and every burst's ids are visible at once.
     Token ids travel with the text they produced: ids whose text is still held back are
     attached to the next piece that shows text, so a client never sees ids of a cut stop string
-    before the text decision is made.
+    before the text decision is made. With `logprobs`, each id's log-probability entry travels
+    with it.
     """
 
-    def __init__(self, tokenizer: Tokenizer | None, stops: Sequence[str] = ()):
+    def __init__(self, tokenizer: Tokenizer | None, stops: Sequence[str] = (), logprobs: bool = False):
         self._decoder = make_decoder(tokenizer) if tokenizer is not None else None
         self._stops = tuple(stops)
         self._held = ""  # decoded text held back because it may start a stop string
         self._ids: list[int] = []  # ids whose text has not been shown yet
+        self._entries: list | None = [] if logprobs else None  # their log-probability entries
         self._stopped = False  # after a stop string nothing more is ever shown
+
+    @property
+    def logprobs(self) -> bool:
+        return self._entries is not None
 
     @property
     def has_text(self) -> bool:
         return self._decoder is not None
 
-    def feed(self, ids: Sequence[int]) -> Piece:
+    def feed(self, ids: Sequence[int], entries: Sequence | None = None) -> Piece:
+        """Show what `ids` make visible; `entries` are their log-probability entries (one per id,
+        None for a missing one) when the request asked for them."""
         ids = tuple(int(i) for i in ids)
         if self._stopped:
             return Piece()
-        if self._decoder is None:
-            return Piece("", ids)
+        if self._entries is not None:
+            given = tuple(entries or ())[:len(ids)]
+            self._entries.extend(given + (None,) * (len(ids) - len(given)))
         self._ids.extend(ids)
+        if self._decoder is None:
+            return self._take("", stopped=False)
         return self._release(self._held + self._decoder.push(ids), final=False)
 
     def flush(self) -> Piece:
@@ -143,4 +158,7 @@ class Publication:
 
     def _take(self, text: str, stopped: bool) -> Piece:
         ids, self._ids = tuple(self._ids), []
-        return Piece(text, ids, stopped)
+        entries = None
+        if self._entries is not None:
+            entries, self._entries = tuple(self._entries), []
+        return Piece(text, ids, stopped, entries)

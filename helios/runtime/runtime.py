@@ -79,9 +79,6 @@ class Runtime:
         self._inbox: deque = deque()  # worker -> runtime thread: completions, faults, attach failures
         self._work: queue.SimpleQueue = queue.SimpleQueue()  # runtime -> worker, FIFO
         self._dispatched: dict[int, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
-        # Log-probabilities of the tokens fed to a stream's Publication and not yet shown, in order
-        # (Publication shows ids in the order fed), for streams that asked for them.
-        self._logprobs: dict[int, list] = {}
         self._frame_logprobs: dict = {}  # the finishing frame's Execution.logprobs
         # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
         self._step = StepLoop(scheduler, clock, lambda handle: self._work.put(("detach", handle)),
@@ -172,9 +169,7 @@ class Runtime:
                 raise
             stream = RequestStream(handle, len(prompt), params, now, self._cancel)
             self._streams[handle] = stream
-            self._pubs[handle] = Publication(self.tokenizer, params.stop)
-            if params.logprobs is not None:
-                self._logprobs[handle] = []
+            self._pubs[handle] = Publication(self.tokenizer, params.stop, logprobs=params.logprobs is not None)
             # Queued before any execute that can include the handle: the worker is FIFO.
             self._work.put(("attach", handle, prompt, options))
             self._step.attached(handle)
@@ -262,11 +257,8 @@ class Runtime:
         if stream is None or pub is None:
             return False  # already ended on the host side (cancelled, stopped, failed)
         stream._count(len(g.tokens))
-        shown = visible_tokens(g)
-        if (pending := self._logprobs.get(g.handle)) is not None:
-            entries = tuple(self._frame_logprobs.get(g.handle, ()))[:len(shown)]  # aligned with the record
-            pending.extend(entries + (None,) * (len(shown) - len(entries)))
-        piece = pub.feed(shown)
+        # A burst's entries are aligned with its record's tokens; a stripped EOS is the last one.
+        piece = pub.feed(visible_tokens(g), self._frame_logprobs.get(g.handle))
         if g.finish is not None and not piece.stopped:
             piece = piece.then(pub.flush())
         finish = STOP if piece.stopped else (_FINISH[g.finish] if g.finish is not None else None)
@@ -275,19 +267,10 @@ class Runtime:
             # Output age is measured from the actual host publication time.
             stream.metrics.published(self._step.now())
             if finish is None:
-                stream._push(StreamEvent(piece.text, piece.token_ids, None, self._take_logprobs(g.handle, piece)))
+                stream._push(StreamEvent(piece.text, piece.token_ids, None, piece.logprobs))
         if finish is not None:
-            self._finish(stream, finish, event=StreamEvent(piece.text, piece.token_ids, finish,
-                                                           self._take_logprobs(g.handle, piece)))
+            self._finish(stream, finish, event=StreamEvent(piece.text, piece.token_ids, finish, piece.logprobs))
         return visible
-
-    def _take_logprobs(self, handle: int, piece) -> tuple | None:
-        pending = self._logprobs.get(handle)
-        if pending is None:
-            return None
-        taken = tuple(pending[:len(piece.token_ids)])
-        del pending[:len(piece.token_ids)]
-        return taken
 
     def _finish(self, stream: RequestStream, reason: str, error: str | None = None,
                 event: StreamEvent | None = None) -> None:
@@ -304,7 +287,6 @@ class Runtime:
                     event: StreamEvent | None = None) -> None:
         self._streams.pop(stream.handle, None)
         self._pubs.pop(stream.handle, None)
-        self._logprobs.pop(stream.handle, None)
         stream.metrics.finished_ns = self._step.last_ns
         stream._push(event or StreamEvent("", (), reason), error)
         self.stats.finished[reason] = self.stats.finished.get(reason, 0) + 1

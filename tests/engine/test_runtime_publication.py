@@ -88,3 +88,19 @@ def test_publication_unit(tokenizer):
     assert held_suffix("ab<en", ("<end>", "nd")) == 3 and held_suffix("abc", ("<end>",)) == 0
     tail = Publication(tokenizer, ())
     assert tail.feed([0xE2, 0x82]).text == "" and tail.flush().text == "\ufffd"
+
+
+@pytest.mark.parametrize("tokenizer", [DecodeOnlyTokenizer(), ByteTokenizer(), None], ids=["decode", "token_bytes", "none"])
+def test_logprob_entries_travel_with_their_ids(tokenizer):
+    """Rule: with logprobs, each piece carries exactly one entry per id it shows, in order, also
+    when ids wait behind a held-back stop-string prefix or a split character; a missing entry is
+    None; without logprobs pieces carry none."""
+    pub = Publication(tokenizer, ("<end>",) if tokenizer else (), logprobs=True)
+    data = "añb <e <end> tail".encode()
+    pieces = [pub.feed([b], [f"lp{i}"] if i % 5 else []) for i, b in enumerate(data)]
+    pieces.append(pub.flush())
+    ids = [t for p in pieces for t in p.token_ids]
+    entries = [e for p in pieces for e in (p.logprobs or ())]
+    assert all(len(p.logprobs or ()) == len(p.token_ids) for p in pieces)
+    assert entries == [None if i % 5 == 0 else f"lp{i}" for i in range(len(ids))]
+    assert Publication(tokenizer).feed([65]).logprobs is None
