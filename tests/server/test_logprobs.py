@@ -6,17 +6,9 @@ follow the text across chunks."""
 from __future__ import annotations
 
 import openai
-import pytest
 
 from .support import sse_events
-from .test_api import assert_idle, make_client
-
-
-@pytest.fixture(scope="module")
-def client():
-    with make_client(slots=4, max_queue=8, pace=0.0) as c:
-        yield c
-        assert_idle(c)
+from .test_choices import client  # noqa: F401 (a fixture: the unpaced sim server of 4 slots)
 
 
 def test_completion_logprobs_cover_every_token_with_offsets(client):
