@@ -19,6 +19,10 @@ from helios.engine.core import TokenLogprobs
 from helios.errors import InvalidRequest
 
 
+# The repetition penalty divides or multiplies logits: positive, 1 is off (vLLM's and HF's sense).
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
     """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; penalties 0, 0 and 1
@@ -62,12 +66,11 @@ class SamplingOptions:
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
         if seed is not None and not 0 <= seed < 2**63:
             raise InvalidRequest(f"seed must be in [0, 2**63), got {seed!r}")
-        # OpenAI's range for presence and frequency; the repetition penalty divides or multiplies
-        # logits, so it must be positive (1 is off; vLLM's and HF's range).
+        # OpenAI's range for presence and frequency.
         presence = 0.0 if presence_penalty is None else number("presence_penalty", presence_penalty, -2.0, 2.0)
         frequency = 0.0 if frequency_penalty is None else number("frequency_penalty", frequency_penalty, -2.0, 2.0)
         repetition = 1.0 if repetition_penalty is None else number("repetition_penalty", repetition_penalty,
-                                                                     1e-6, 1e6)
+                                                                     *REPETITION_PENALTY_RANGE)
         bias = []
         for token, b in dict(logit_bias or {}).items():
             if isinstance(token, bool) or not isinstance(token, int) or token < 0 \

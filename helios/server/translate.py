@@ -11,6 +11,7 @@ import uuid
 from dataclasses import dataclass
 
 from helios.engine.core import MAX_LOGPROBS
+from helios.engine.sampling import REPETITION_PENALTY_RANGE
 from helios.runtime.stream import SamplingParams
 from helios.server.anchors import message_endpoints
 from helios.server.errors import APIError
@@ -181,9 +182,10 @@ def _common(req) -> int:
         if v is not None and not low <= v <= high:
             raise APIError(400, f"{name} must be between {low:g} and {high:g}, got {v!r}", param=name,
                            code="invalid_value")
-    if req.repetition_penalty is not None and not req.repetition_penalty > 0:
-        raise APIError(400, f"repetition_penalty must be positive (1 is off), got {req.repetition_penalty!r}",
-                       param="repetition_penalty", code="invalid_value")
+    low, high = REPETITION_PENALTY_RANGE
+    if req.repetition_penalty is not None and not low <= req.repetition_penalty <= high:
+        raise APIError(400, f"repetition_penalty must be between {low:g} and {high:g} (1 is off), got "
+                            f"{req.repetition_penalty!r}", param="repetition_penalty", code="invalid_value")
     if req.top_k is not None and req.top_k < -1:
         raise APIError(400, f"top_k must be -1 (disabled), 0 (disabled) or positive, got {req.top_k}",
                        param="top_k", code="invalid_value")

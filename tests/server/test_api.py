@@ -229,6 +229,7 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "presence_penalty": 2.5}, "presence_penalty"),
     ({"prompt": "x", "frequency_penalty": -3}, "frequency_penalty"),
     ({"prompt": "x", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"prompt": "x", "repetition_penalty": 1e7}, "repetition_penalty"),
     ({"prompt": "x", "logit_bias": {"x1": 2.0}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"1": 101}}, "logit_bias"),
     ({"prompt": "x", "logit_bias": {"100000": 1}}, "logit_bias"),
