@@ -106,6 +106,12 @@ class ChatCompletionRequest(_Sampling):
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None  # OpenAI's deprecated form of tools
     function_call: Any = None
+    # OpenAI features this text model cannot serve: accepted when they ask for nothing (null, or
+    # text-only output), else rejected by name in translation.
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
 
 
 def parse_body(model: type[BaseModel], raw: bytes):

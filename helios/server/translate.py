@@ -116,6 +116,14 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
                        code="unsupported_parameter")
     if req.function_call not in (None, "none"):
         raise APIError(400, "function_call is not supported", param="function_call", code="unsupported_parameter")
+    if req.modalities not in (None, [], ["text"]) or req.audio is not None:
+        param = "audio" if req.audio is not None else "modalities"
+        raise APIError(400, "this model produces text only", param=param, code="unsupported_parameter")
+    if req.prediction is not None:
+        raise APIError(400, "predicted outputs are not supported", param="prediction", code="unsupported_parameter")
+    if req.reasoning_effort is not None:
+        raise APIError(400, "reasoning_effort is not supported: this model does not reason before answering",
+                       param="reasoning_effort", code="unsupported_parameter")
     if req.response_format is not None and req.response_format != {"type": "text"}:
         raise APIError(400, "only response_format {\"type\": \"text\"} is supported", param="response_format",
                        code="unsupported_parameter")

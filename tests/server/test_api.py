@@ -248,6 +248,10 @@ BAD_CHATS = [
     ({"messages": [{"role": "user", "content": "x"}], "logprobs": True, "top_logprobs": 21}, "top_logprobs"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
     ({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    ({"messages": [{"role": "user", "content": "x"}], "modalities": ["text", "audio"]}, "modalities"),
+    ({"messages": [{"role": "user", "content": "x"}], "audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+    ({"messages": [{"role": "user", "content": "x"}], "prediction": {"type": "content", "content": "x"}}, "prediction"),
+    ({"messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"}, "reasoning_effort"),
     ({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 0}, "max_completion_tokens"),
     ({"messages": [{"role": "user", "content": "x"}], "model": "nope"}, "model"),
 ]

@@ -87,6 +87,9 @@ def test_openai_sdk_bodies(client):
     assert chunks[-1].usage.completion_tokens == 8
     text = oc.completions.create(model="helios-sim", prompt=PROMPT, max_tokens=5, seed=1, stop="\n", echo=False)
     assert text.usage.completion_tokens <= 5
+    text_only = oc.chat.completions.create(model="helios-sim", messages=[{"role": "user", "content": PROMPT}],
+                                           max_tokens=3, modalities=["text"])
+    assert text_only.usage.completion_tokens == 3
 
 
 @pytest.mark.parametrize("field,value", [("max_token", 5), ("temprature", 0.5), ("best_of_n", 2)])
@@ -103,10 +106,10 @@ NULL_CHAT = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
     "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "store", "metadata",
     "service_tier", "presence_penalty", "frequency_penalty", "logit_bias", "max_completion_tokens", "logprobs",
     "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
-    "function_call"))}
+    "function_call", "modalities", "audio", "prediction", "reasoning_effort", "repetition_penalty"))}
 NULL_TEXT = {"prompt": PROMPT, "max_tokens": 4, **dict.fromkeys((
     "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "echo", "suffix",
-    "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias"))}
+    "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty"))}
 
 
 @pytest.mark.parametrize("path,body", [("/v1/chat/completions", NULL_CHAT), ("/v1/completions", NULL_TEXT)],
