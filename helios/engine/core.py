@@ -18,8 +18,10 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
-# The `attach` option asking a core for log-probabilities: how many top alternatives per token.
+# The `attach` options asking a core for log-probabilities of the output tokens and of the prompt's
+# (scored prefill), as how many top alternatives per token.
 LOGPROBS_OPTION = "logprobs"
+PROMPT_LOGPROBS_OPTION = "prompt_logprobs"
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs; OpenAI's chat API allows 20 too
 
 
@@ -34,6 +36,12 @@ class Execution:
     survival: dict | None = None  # completion_speculative_survival rows by handle
     # For requests attached with LOGPROBS_OPTION: by handle, one entry per token of its record.
     logprobs: dict[RequestHandle, tuple[TokenLogprobs, ...]] | None = None
+    # For requests attached with PROMPT_LOGPROBS_OPTION, whose prompt chunk ran in a scored prefill:
+    # by handle, the entries of the prompt tokens this chunk's positions predict, in prompt order
+    # (a chunk at positions s..s+n-1 scores tokens s+1..s+n inside the prompt; one that starts the
+    # prompt first gives None for token 0, which nothing predicts). Over all of a request's chunks
+    # the entries cover its prompt, one per token.
+    prompt_logprobs: dict[RequestHandle, tuple[TokenLogprobs | None, ...]] | None = None
 
 
 @runtime_checkable

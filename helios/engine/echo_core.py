@@ -13,7 +13,7 @@ import time
 
 from helios.config import SchedulerConfig
 from helios.engine.byte_tokenizer import ByteTokenizer
-from helios.engine.core import LOGPROBS_OPTION, TokenLogprobs
+from helios.engine.core import LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION, TokenLogprobs
 from helios.engine.sim_core import SimCore
 from helios.graphs import GraphKind
 from helios.prepare import Capacities, build_catalog
@@ -49,6 +49,7 @@ class EchoSimCore(SimCore):
         self.pace = pace
         self._prompts: dict[int, tuple[list[int], int]] = {}
         self._logprobs: dict[int, int] = {}  # handle -> top alternatives asked for
+        self._scored: dict[int, tuple[list[int], int]] = {}  # handle -> (prompt, top alternatives)
         self._lock = threading.Lock()
 
     def scheduler_config(self, **overrides) -> SchedulerConfig:
@@ -64,11 +65,14 @@ class EchoSimCore(SimCore):
         self._prompts[handle] = (ids, 0)
         if options.get(LOGPROBS_OPTION) is not None:
             self._logprobs[handle] = options[LOGPROBS_OPTION]
+        if options.get(PROMPT_LOGPROBS_OPTION) is not None:
+            self._scored[handle] = (ids, options[PROMPT_LOGPROBS_OPTION])
 
     def detach(self, handle) -> None:
         super().detach(handle)
         self._prompts.pop(handle, None)
         self._logprobs.pop(handle, None)
+        self._scored.pop(handle, None)
 
     def execute(self, plan, fence):
         with self._lock:
@@ -78,9 +82,23 @@ class EchoSimCore(SimCore):
             # The echo is certain: each token has log-probability 0 and is its own only alternative.
             logprobs = {r.handle: tuple(TokenLogprobs(0.0, ((t, 0.0),) if self._logprobs[r.handle] else ())
                                         for t in r.tokens) for r in records if r.handle in self._logprobs}
+            scores = self._prompt_scores(plan) if plan.shape.kind is GraphKind.SCORED_PREFILL else None
         if self.pace:
             time.sleep(execution.duration_ns * self.pace / 1e9)
-        return dataclasses.replace(execution, records=records, logprobs=logprobs or None)
+        return dataclasses.replace(execution, records=records, logprobs=logprobs or None, prompt_logprobs=scores)
+
+    def _prompt_scores(self, plan) -> dict | None:
+        # Each scored chunk at s..s+n-1 scores prompt tokens s+1..s+n, after None for token 0
+        # (Execution.prompt_logprobs); the sim is certain of them too.
+        out = {}
+        for lane in plan.lanes:
+            if lane.handle in self._scored:
+                ids, top = self._scored[lane.handle]
+                s, n = lane.prompt_start, lane.prompt_tokens
+                tokens = ids[s + 1: min(s + n + 1, len(ids))]
+                out[lane.handle] = ((None,) if s == 0 else ()) + tuple(
+                    TokenLogprobs(0.0, ((t, 0.0),) if top else ()) for t in tokens)
+        return out or None
 
     def _echo(self, handle, n: int) -> tuple[int, ...]:
         ids, pos = self._prompts.get(handle, ([ord("x")], 0))

@@ -27,9 +27,9 @@ from helios.config import SchedulerConfig, SpeculationMode
 from helios.engine.core import Execution
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.proposals import copy_proposals
-from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS
+from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION
 from helios.engine.sampling import SamplingOptions
-from helios.engine.torch_outputs import aligned_logprobs, sample_outputs, verify_outputs
+from helios.engine.torch_outputs import aligned_logprobs, prompt_entries, sample_outputs, verify_outputs
 from helios.engine.torch_checkpoints import CheckpointStore, Match
 from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
 from helios.engine.torch_packed import PackedGraph, needs_packing
@@ -87,7 +87,7 @@ class TorchCore:
                  num_threads: int | None = None, device: str | torch.device = "cpu",
                  loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32,
                  mixed_prefill: bool = False, checkpoint_memory: int = 0, mixed_prompt_steps: int = PROMPT_STEPS,
-                 mixed_prompt_capacity: int | None = None):
+                 mixed_prompt_capacity: int | None = None, scored_prefill: bool = False):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
@@ -103,8 +103,11 @@ class TorchCore:
         # Mixed graphs only when asked (flare run --mixed-prefill), so existing catalogs stay as they are.
         mixed = {"mixed_prefill": True, "mixed_prompt_steps": mixed_prompt_steps,
                  "mixed_prompt_capacity": mixed_prompt_capacity} if mixed_prefill else {}
+        # Scored prefill graphs (logits at every prompt position) serve requests for the prompt's
+        # log-probabilities; the scheduler runs only those requests' prompts in them.
         self.capacities = Capacities(max_batch, tuple(prefill_chunks), speculation=speculation, widths=chosen,
-                                     speculative_token_capacity=speculative_token_capacity, ragged=False, **mixed)
+                                     speculative_token_capacity=speculative_token_capacity, ragged=False,
+                                     scored_prefill=scored_prefill, **mixed)
         catalog = build_catalog(self.capacities)
         self.catalog: Catalog = catalog
         # A row's padded tail runs up to (graph length - 1) positions past its real tokens, so
@@ -180,7 +183,7 @@ class TorchCore:
             raise
 
     def _attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
-        extra = (RESTORE_OPTION, LOGPROBS_OPTION)
+        extra = (RESTORE_OPTION, LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION)
         unknown = set(options) - set(SAMPLING_OPTIONS) - set(STOPPING_OPTIONS) - set(extra)
         if unknown:
             raise InvalidRequest(f"unknown TorchCore options {sorted(unknown)}; "
@@ -197,16 +200,17 @@ class TorchCore:
                                  f"{self.max_context}-token context")
         stopping = Stopping.of(self.tokenizer.eos_id, self.config.vocab_size,
                                **{k: options.pop(k) for k in STOPPING_OPTIONS if k in options})
-        top = options.pop(LOGPROBS_OPTION, None)
-        if top is not None and (isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MAX_LOGPROBS):
-            raise InvalidRequest(f"{LOGPROBS_OPTION} must be an integer in [0, {MAX_LOGPROBS}], got {top!r}")
+        top, prompt_top = options.pop(LOGPROBS_OPTION, None), options.pop(PROMPT_LOGPROBS_OPTION, None)
+        for name, k in ((LOGPROBS_OPTION, top), (PROMPT_LOGPROBS_OPTION, prompt_top)):
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+                raise InvalidRequest(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
         match = options.pop(RESTORE_OPTION, None)
         if match is not None and (self.checkpoints is None or not isinstance(match, Match)
                                   or not 0 < match.tokens < len(ids)):
             raise InvalidRequest(f"{RESTORE_OPTION} must be a CheckpointStore match inside the prompt")
         sampling = SamplingOptions.of(**options, vocab_size=self.config.vocab_size)
         self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator(), stopping=stopping,
-                                            logprobs=top)
+                                            logprobs=top, prompt_logprobs=prompt_top)
         if match is not None:
             self.pending_restores[handle] = match
 
@@ -248,17 +252,25 @@ class TorchCore:
             rows = [RowWork(w.slot, (w.request.pending,), w.request.kv_len, True) for w in works]
         packing = graph.pack(rows)
         lps: dict = {}
+        scores = None
         with torch.inference_mode():
             logits = graph.forward(self.model, self.cache)
             if kind is GraphKind.SPECULATIVE:
                 outputs = verify_outputs(works, drafts, logits, lps)
+            elif kind is GraphKind.SCORED_PREFILL:  # logits at every position [R, n, V]
+                lengths = packing.query_lengths
+                scores = {w.request.handle: prompt_entries(w, logits[b, :lengths[b]])
+                          for b, w in enumerate(works) if w.request.prompt_logprobs is not None}
+                last = logits[torch.arange(len(lengths)), torch.tensor(lengths) - 1]
+                outputs = sample_outputs(works, last, packing, lps)
             else:
                 outputs = sample_outputs(works, logits[:, -1], packing, lps)
         duration = timer.stop()
         self.last_packing = packing
         offered = [len(d) for d in drafts] if kind is GraphKind.SPECULATIVE else [None] * len(works)
         records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
-        return Execution(records, ExecutionTiming((duration,), None, None), duration, logprobs=aligned_logprobs(records, lps))
+        return Execution(records, ExecutionTiming((duration,), None, None), duration,
+                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=_scores(scores))
 
     def _packed_graph(self, shape) -> PackedGraph:
         if shape not in self.packed:
@@ -282,8 +294,16 @@ class TorchCore:
                 for i, (w, d) in enumerate(zip(works, drafts))]
         packing = graph.pack(rows, prompt)
         lps: dict = {}
+        scores = None
         with torch.inference_mode():
-            logits = graph.forward(self.model, self.cache)  # [B, S, V] at each row's sampled positions
+            if plan.shape.kind is GraphKind.SCORED_PREFILL:  # a prefill: no verified rows below
+                every = graph.forward(self.model, self.cache, every_position=True)  # [T, V]
+                offsets = packing.offsets
+                scores = {w.request.handle: prompt_entries(w, every[offsets[b]:offsets[b + 1]])
+                          for b, w in enumerate(works) if w.request.prompt_logprobs is not None}
+                logits = every[graph.buffers["logits_at"]]
+            else:
+                logits = graph.forward(self.model, self.cache)  # [B, S, V] at each row's sampled positions
             # The row sampling mask: a prompt row samples only when it finishes; verified rows sample below.
             mask = tuple(m and not (verify and b < len(works) and b not in prompt)
                          for b, m in enumerate(packing.sample_mask))
@@ -298,7 +318,8 @@ class TorchCore:
         self.last_packing = packing
         offered = [len(d) if verify and i not in prompt else None for i, d in enumerate(drafts)]
         records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
-        return Execution(records, ExecutionTiming((duration,), None, None), duration, logprobs=aligned_logprobs(records, lps))
+        return Execution(records, ExecutionTiming((duration,), None, None), duration,
+                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=_scores(scores))
 
     def _time_packed(self, shape, context: int) -> int:
         """Time a mixed graph on scratch rows only: a full prompt row and full decode rows."""
@@ -332,6 +353,10 @@ class TorchCore:
         r.generated.extend(tokens)
         return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), end is not None,
                                 offered)
+
+
+def _scores(scores: dict | None) -> dict | None:
+    return {h: tuple(entries) for h, entries in scores.items()} if scores else None
 
 
 class _Timer:

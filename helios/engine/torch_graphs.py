@@ -76,8 +76,9 @@ class PreparedGraph:
         self.scratch_slot = scratch_slot
         self.device = torch.device(device)
         # Prefill rows sample one position (their last real token); the others need every row
-        # position's logits (speculative verification) or have one position (decode).
-        self.logits_at_used = shape.kind.is_prefill
+        # position's logits (speculative verification, a scored prefill's prompt scores) or have one
+        # position (decode).
+        self.logits_at_used = shape.kind is GraphKind.PREFILL
         B, L = self.batch, self.length
         self.host = {
             "tokens": torch.full((B, L), PAD_TOKEN, dtype=torch.long),

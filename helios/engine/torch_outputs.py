@@ -53,6 +53,17 @@ def verify_outputs(works: list[LaneWork], drafts: list[list[int]], logits: torch
     return out
 
 
+def prompt_entries(work: LaneWork, logits: torch.Tensor) -> list:
+    """The prompt tokens' entries that a scored prefill row's logits [n, V] (its chunk's positions
+    s..s+n-1, in order) give: tokens s+1..s+n that lie in the prompt, after None for token 0 when
+    the chunk starts the prompt (see Execution.prompt_logprobs)."""
+    r, start = work.request, work.lane.prompt_start
+    n = min(len(logits), len(r.prompt) - 1 - start)  # the last prompt position predicts the output
+    raw = raw_logprobs(logits[:n]) if n > 0 else None
+    scored = [token_logprobs(raw[j], r.prompt[start + j + 1], r.prompt_logprobs) for j in range(max(0, n))]
+    return ([None] if start == 0 else []) + scored
+
+
 def aligned_logprobs(records, lps: dict) -> dict | None:
     """Log-probabilities by handle, cut to the tokens each record kept (nothing after EOS)."""
     return {r.handle: tuple(lps[r.handle][: len(r.tokens)]) for r in records if r.handle in lps} or None

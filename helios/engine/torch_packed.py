@@ -105,8 +105,9 @@ class PackedGraph:
         return Packing(tuple(offsets[i + 1] - offsets[i] for i in range(len(rows))), tuple(offsets),
                        tuple(h["slots"].tolist()), mask)
 
-    def forward(self, model, cache) -> torch.Tensor:
-        """Logits [B, S, V] at logits_at for the packed inputs."""
+    def forward(self, model, cache, every_position: bool = False) -> torch.Tensor:
+        """Logits [B, S, V] at logits_at for the packed inputs; with `every_position`, [T, V] at
+        every packed position (index them with `self.buffers["logits_at"]` for the sampled ones)."""
         b = self.buffers
         return packed_forward(model, b["tokens"], b["positions"], b["query_lengths"], b["slots"], cache,
-                              b["logits_at"])
+                              b["logits_at"], every_position)

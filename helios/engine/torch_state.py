@@ -69,6 +69,7 @@ class CoreRequest:
     generated: list[int] = field(default_factory=list)  # sampled tokens; the last is pending
     stopping: Stopping = Stopping(frozenset())  # TorchCore.attach always sets EOS and the options
     logprobs: int | None = None  # top alternatives to report per output token; None: no log-probabilities
+    prompt_logprobs: int | None = None  # the same for the prompt's tokens (scored prefill)
 
     @property
     def pending(self) -> int | None:

@@ -152,10 +152,13 @@ class Runtime:
         if params.stop and self.tokenizer is None:
             raise InvalidRequest("stop strings need a tokenizer")
         # Stop strings are host-side feedback: the spec keeps such requests out of queued frames.
-        match, store = checkpoint_match(self.scheduler, self.core, prompt)
+        # A restored prefix is never computed, so it has no scores: a scored prompt always runs whole.
+        scored = params.prompt_logprobs is not None
+        match, store = checkpoint_match(self.scheduler, self.core, prompt) if not scored else (None, None)
         spec = RequestSpec(len(prompt), params.max_tokens, client=params.client,
                            host_feedback=bool(params.stop), request_id=params.request_id,
-                           cached_tokens=match.tokens if match else 0, endpoints=params.endpoints)
+                           cached_tokens=match.tokens if match else 0, endpoints=params.endpoints,
+                           score_prompt=scored)
         options = {**params.attach_options(), **({"checkpoint": match} if match else {})}
         with self._cv:
             try:
@@ -222,6 +225,9 @@ class Runtime:
             self._step.now()
             start = time.perf_counter_ns()
             self._frame_logprobs = execution.logprobs or {}
+            for handle, entries in (execution.prompt_logprobs or {}).items():
+                if (stream := self._streams.get(handle)) is not None and stream.prompt_logprobs is not None:
+                    stream.prompt_logprobs.extend(entries)  # before any of its events: the prompt ran first
             try:
                 self._step.finish(fence, dataclasses.replace(execution, timing=timing), self._publish)
             except InvalidCompletion as exc:  # state unchanged: resolve the frame as a fault

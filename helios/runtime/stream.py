@@ -9,7 +9,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, TokenLogprobs
+from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, TokenLogprobs
 from helios.errors import InvalidRequest
 
 # finish_reason values a stream can end with (OpenAI's, plus "cancelled" and "error").
@@ -38,6 +38,8 @@ class SamplingParams:
     endpoints: tuple[int, ...] = ()
     # Log-probabilities of each output token with this many top alternatives (0-20); None: none.
     logprobs: int | None = None
+    # The same for the prompt's tokens: the request runs its prompt in scored prefill graphs.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -57,13 +59,14 @@ class SamplingParams:
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
         if not isinstance(self.client, str):
             raise InvalidRequest(f"client must be a string, got {self.client!r}")
-        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
-                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
-            raise InvalidRequest(f"logprobs must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        for name in (LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION):
+            k = getattr(self, name)
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_LOGPROBS):
+                raise InvalidRequest(f"{name} must be an integer in [0, {MAX_LOGPROBS}], got {k!r}")
 
     def attach_options(self) -> dict[str, Any]:
-        opts = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed", LOGPROBS_OPTION)
-                if getattr(self, k) is not None}
+        opts = {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "seed", LOGPROBS_OPTION,
+                                              PROMPT_LOGPROBS_OPTION) if getattr(self, k) is not None}
         return {**opts, **self.core_options}
 
 
@@ -123,6 +126,9 @@ class RequestStream:
         self.error: str | None = None
         self.text = ""  # everything published so far
         self.token_ids: list[int] = []
+        # With params.prompt_logprobs: one entry per prompt token once the prompt has run (None for
+        # the first), filled by the runtime before the stream's first event.
+        self.prompt_logprobs: list | None = [] if params.prompt_logprobs is not None else None
         self._prompt_tokens = prompt_tokens
         self._completion_tokens = 0
         self._cancel = cancel

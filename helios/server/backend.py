@@ -53,6 +53,7 @@ class EngineOptions:
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
     mixed_prompt_steps: int = PROMPT_STEPS  # their prompt buckets per factor of four (helios.prepare.mixed)
     mixed_prompt_capacity: int | None = None  # their largest prompt chunk (None: --prefill-capacity)
+    scored_prefill: bool = True  # also prepare scored prefill graphs: the prompt's log-probabilities
     # torch engine: host memory for conversation checkpoints (SNAPSHOT/RESTORE graphs); 0 disables.
     checkpoint_memory_mib: int = 2048
     # Automatic preemption (helios.scheduler.preemption) with the Helios scheduler: "price" or
@@ -125,7 +126,7 @@ def build_backend(options: EngineOptions) -> Backend:
         # Adaptive sim rounds include ragged programs, so the device-allocation path is served too.
         capacities = Capacities(options.slots, chunks, speculation=speculation, widths=(1, 2, 4),
                                 speculative_token_capacity=options.speculative_token_capacity,
-                                ragged=speculation is SpeculationMode.ADAPTIVE,
+                                ragged=speculation is SpeculationMode.ADAPTIVE, scored_prefill=options.scored_prefill,
                                 **({"mixed_prefill": True, "mixed_prompt_steps": options.mixed_prompt_steps,
                                     "mixed_prompt_capacity": options.mixed_prompt_capacity}
                                    if options.mixed_prefill else {}))
@@ -184,7 +185,7 @@ def _torch_core(options, speculation, chunks):
                   max_batch=options.slots, speculation=speculation,
                   speculative_token_capacity=options.speculative_token_capacity, device=options.device,
                   mixed_prefill=options.mixed_prefill, mixed_prompt_steps=options.mixed_prompt_steps,
-                  mixed_prompt_capacity=options.mixed_prompt_capacity)
+                  mixed_prompt_capacity=options.mixed_prompt_capacity, scored_prefill=options.scored_prefill)
     if options.tensor_parallel > 1:
         from helios.engine.tensor_parallel import TensorParallelCore
 

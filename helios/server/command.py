@@ -82,6 +82,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="speculative decoding with copy proposals (default off)")
     g.add_argument("--speculative-token-capacity", type=positive_int, default=16,
                    help="R: aggregate target rows of a speculative program (default 16)")
+    g.add_argument("--no-scored-prefill", dest="scored_prefill", action="store_false",
+                   help="do not prepare scored prefill graphs (logits at every prompt position), which serve "
+                        "the prompt's log-probabilities (echo with logprobs); they run only for such requests")
     g.add_argument("--mixed-prefill", action="store_true",
                    help="also prepare mixed graphs: one prompt chunk and the decode rows in one forward")
     g.add_argument("--mixed-prompt-steps", type=positive_int, default=3, metavar="N",
@@ -163,6 +166,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
             tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
             mixed_prompt_steps=args.mixed_prompt_steps, mixed_prompt_capacity=args.mixed_prompt_capacity,
+            scored_prefill=args.scored_prefill,
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
         backend = build_backend(options)

@@ -8,7 +8,7 @@
 A token's text is its own decoding; `bytes` are its raw bytes (a token may hold part of a UTF-8
 character, whose text is then U+FFFD). Log-probabilities are of the model's raw distribution,
 before logit bias, penalties, temperature and filters (vLLM's default). An entry the core did
-not give is null.
+not give is null, and so is the first token of an echoed prompt, which nothing predicts.
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ class LogprobsFormatter:
         return list(raw(token_id) if callable(raw) else self._token(token_id).encode("utf-8"))
 
     def build(self, index: int, token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None]) -> dict:
-        """The logprobs of choice `index`'s next `token_ids` (echo with logprobs is refused, so
-        its text starts with its first output token)."""
+        """The logprobs of choice `index`'s next `token_ids`: its echoed prompt's first, when it
+        has one, then its output's."""
         if self.chat:
             return {"content": [self._chat_entry(t, e) for t, e in zip(token_ids, entries)]}
         tokens = [self._token(t) for t in token_ids]

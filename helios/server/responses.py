@@ -28,6 +28,14 @@ class Choices:
     def wants_logprobs(self, index: int) -> bool:
         return self.logprobs is not None and self.prepared.choices[index].params.logprobs is not None
 
+    def echo_logprobs(self, index: int) -> dict | None:
+        """The echoed prompt's logprobs (completions with echo and logprobs), once the prompt ran."""
+        prompt = self.streams[index].prompt_logprobs
+        if prompt is None or self.logprobs is None:
+            return None
+        ids = self.prepared.choices[index].prompt_ids
+        return self.logprobs.build(index, ids, (list(prompt) + [None] * len(ids))[:len(ids)])
+
     def cancel(self) -> None:
         for stream in self.streams:
             stream.cancel()  # a no-op on a stream that has ended
@@ -68,11 +76,17 @@ async def events(choices: Choices, fmt: Formatter, draining: Callable[[], bool])
     if fmt.chat:
         for i in range(n):
             yield fmt.chunk(role=True, counts=choices.counts(), index=i)
+    # An echo with the prompt's log-probabilities waits for them: they exist once the prompt ran.
+    scored = {i for i, c in enumerate(choices.prepared.choices) if c.echo_text and c.params.prompt_logprobs is not None}
     for i, choice in enumerate(choices.prepared.choices):
-        if choice.echo_text:
+        if choice.echo_text and i not in scored:
             yield fmt.chunk(text=choice.echo_text, counts=choices.counts(), index=i)
     async with contextlib.aclosing(choices.merged()) as merged:
         async for i, event in merged:
+            if event is not None and i in scored:
+                scored.discard(i)
+                yield fmt.chunk(text=choices.prepared.choices[i].echo_text, counts=choices.counts(), index=i,
+                                logprobs=choices.echo_logprobs(i))
             if event is not None:
                 logprobs = None
                 if choices.wants_logprobs(i) and event.token_ids:
@@ -117,8 +131,10 @@ async def collect(request: Request, choices: Choices, fmt: Formatter, draining: 
     def logprobs(i: int) -> dict | None:
         if not choices.wants_logprobs(i):
             return None
+        echo = choices.echo_logprobs(i)  # first: text offsets run from the start of the echoed prompt
         ids, entries = zip(*tokens[i]) if tokens[i] else ((), ())
-        return choices.logprobs.build(i, ids, entries)
+        out = choices.logprobs.build(i, ids, entries)
+        return out if echo is None else {k: echo[k] + out[k] for k in out}
 
     bodies = [((c.echo_text or "") + "".join(t), s.finish_reason, logprobs(i))
               for i, (c, t, s) in enumerate(zip(choices.prepared.choices, texts, choices.streams))]

@@ -24,8 +24,21 @@ from helios.server.errors import APIError
 
 
 
-def _finite():
-    return Field(default=None, allow_inf_nan=False)  # JSON NaN/Infinity are rejected, not passed on
+def _finite(**bounds):
+    return Field(default=None, allow_inf_nan=False, **_ranged(bounds))  # JSON NaN/Infinity are rejected
+
+
+def _ranged(bounds: dict) -> dict:
+    # The documented range goes into the OpenAPI schema only (clients and schema-driven fuzzing read
+    # it); translation checks it, so that its 400 names the parameter in OpenAI's words.
+    return {"json_schema_extra": bounds} if bounds else {}
+
+
+def _int(**bounds):
+    return Field(default=None, **_ranged(bounds))
+
+
+TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0})]
 
 
 # OpenAI's API marks `stream` and `echo` nullable, and clients that serialize every field send null.
@@ -64,13 +77,13 @@ class _Sampling(_Strict):
     """Fields shared by completions and chat completions."""
 
     model: str | None = None
-    max_tokens: int | None = None
-    temperature: float | None = _finite()
-    top_p: float | None = _finite()
-    top_k: int | None = None
-    seed: int | None = None
-    stop: str | list[str] | None = None
-    n: int | None = None
+    max_tokens: int | None = _int(minimum=1)
+    temperature: float | None = _finite(minimum=0, maximum=2)
+    top_p: float | None = _finite(minimum=0, maximum=1)
+    top_k: int | None = _int(minimum=-1)
+    seed: int | None = _int(minimum=0, maximum=2**63 - 1)
+    stop: str | list[str] | None = Field(default=None, json_schema_extra={"maxItems": 4})
+    n: int | None = _int(minimum=1, maximum=128)
     stream: NullAsFalse = False
     stream_options: StreamOptions | None = None
     user: str | None = None
@@ -79,27 +92,28 @@ class _Sampling(_Strict):
     service_tier: str | None = None
     # vLLM extensions
     ignore_eos: bool = False
-    min_tokens: int | None = None
-    stop_token_ids: list[int] | None = None
-    presence_penalty: float | None = _finite()
-    frequency_penalty: float | None = _finite()
-    repetition_penalty: float | None = _finite()  # vLLM extension
-    logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=False)]] | None = None
+    min_tokens: int | None = _int(minimum=0)
+    stop_token_ids: list[TokenId] | None = None
+    presence_penalty: float | None = _finite(minimum=-2, maximum=2)
+    frequency_penalty: float | None = _finite(minimum=-2, maximum=2)
+    repetition_penalty: float | None = _finite(minimum=1e-6, maximum=1e6)  # vLLM extension
+    logit_bias: dict[str, Annotated[float, Field(allow_inf_nan=False, json_schema_extra={
+        "minimum": -100, "maximum": 100})]] | None = None
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[TokenId] | list[list[TokenId]]
     echo: NullAsFalse = False
     suffix: str | None = None
-    best_of: int | None = None
-    logprobs: int | None = None
+    best_of: int | None = _int(minimum=1, maximum=1)
+    logprobs: int | None = _int(minimum=0, maximum=20)
 
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage]
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = _int(minimum=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = _int(minimum=0, maximum=20)
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None

@@ -55,9 +55,6 @@ def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, voca
         if not 0 <= req.logprobs <= MAX_LOGPROBS:
             raise APIError(400, f"logprobs must be between 0 and {MAX_LOGPROBS}, got {req.logprobs}",
                            param="logprobs", code="invalid_value")
-        if req.echo:
-            raise APIError(400, "log-probabilities of the prompt (echo with logprobs) are not supported; "
-                                "drop echo to get the output's", param="echo", code="unsupported_parameter")
     prompt = req.prompt
     # A list of strings or of token-id lists is a batch: one choice (n choices) per prompt.
     batch = prompt if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)) else [prompt]
@@ -68,7 +65,10 @@ def prepare_completion(req: CompletionRequest, tokenizer, max_context: int, voca
         ids, echo = _completion_prompt(one, param, tokenizer, vocab_size, req.echo)
         max_tokens = _max_tokens(req.max_tokens, "max_tokens", len(ids), max_context, DEFAULT_COMPLETION_TOKENS,
                                  param)
-        choices += _samples(n, ids, _params(req, max_tokens, rid, vocab_size), echo)
+        params = _params(req, max_tokens, rid, vocab_size)
+        if req.echo and req.logprobs is not None:  # the echoed prompt's own log-probabilities (scored prefill)
+            params = dataclasses.replace(params, prompt_logprobs=req.logprobs)
+        choices += _samples(n, ids, params, echo)
     return _prepared(rid, choices, req)
 
 

@@ -1,5 +1,7 @@
 """Catalogs are built in one place (helios.prepare) from an engine's declared Capacities."""
 
+import dataclasses
+
 import pytest
 
 from helios.config import SpeculationMode
@@ -66,9 +68,12 @@ def test_the_echo_engine_builds_its_catalog_from_its_capacities():
 def test_flare_run_sim_engine_serves_the_catalog_of_its_options(speculation, ragged):
     backend = build_backend(EngineOptions(engine="sim", speculation=speculation, slots=4, prefill_capacity=256))
     expected = Capacities(4, (64, 256), speculation=SpeculationMode(speculation), widths=(1, 2, 4),
-                          speculative_token_capacity=16, ragged=ragged)
+                          speculative_token_capacity=16, ragged=ragged, scored_prefill=True)
     assert shapes(backend.core.catalog) == shapes(build_catalog(expected))
     assert backend.scheduler.catalog is backend.core.catalog
+    plain = build_backend(EngineOptions(engine="sim", speculation=speculation, slots=4, prefill_capacity=256,
+                                        scored_prefill=False))
+    assert shapes(plain.core.catalog) == shapes(build_catalog(dataclasses.replace(expected, scored_prefill=False)))
 
 
 def test_the_simulator_setup_declares_its_capacities():

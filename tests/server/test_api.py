@@ -215,7 +215,6 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "best_of": 3}, "best_of"),
     ({"prompt": "x", "logprobs": 21}, "logprobs"),
     ({"prompt": "x", "logprobs": -1}, "logprobs"),
-    ({"prompt": "x", "logprobs": 1, "echo": True}, "echo"),
     ({"prompt": "x", "suffix": "s"}, "suffix"),
     ({"prompt": "x", "temperature": 2.5}, "temperature"),
     ({"prompt": "x", "temperature": None, "top_p": 1.5}, "top_p"),

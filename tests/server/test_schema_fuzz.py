@@ -14,7 +14,7 @@ from helios.server import EngineOptions, ServerSettings, build_backend, create_a
 from .schema_fuzz import fuzz
 from .support import InProcessServer, is_idle, metrics, wait_for
 
-EXAMPLES = 30  # per operation and generation mode (the bench runs more)
+EXAMPLES = 60  # per operation and generation mode (the bench runs more)
 
 
 @pytest.fixture(scope="module")

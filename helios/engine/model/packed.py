@@ -119,9 +119,11 @@ def _causal_mask(start: int, n: int, window: int, G: int, device) -> torch.Tenso
 
 @torch.inference_mode()
 def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Tensor, query_lengths: torch.Tensor,
-                   slots: torch.Tensor, cache: KVCache, logits_at: torch.Tensor) -> torch.Tensor:
+                   slots: torch.Tensor, cache: KVCache, logits_at: torch.Tensor,
+                   every_position: bool = False) -> torch.Tensor:
     """Run packed `tokens [T]` at `positions [T]`; row b has query_lengths[b] tokens (0: inactive) in
-    slot slots[b]. Returns logits [B, S, V] at the packed indices `logits_at [B, S]`.
+    slot slots[b]. Returns logits [B, S, V] at the packed indices `logits_at [B, S]`, or with
+    `every_position` logits [T, V] at every packed position (a scored prefill's prompt scores).
 
     Row b's positions must be consecutive (start .. start + n - 1) and below cache.max_context.
     """
@@ -155,5 +157,5 @@ def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Ten
     sin = model.rope_sin[positions][None, None]
     for i, layer in enumerate(model.layers):
         x = packed_block(layer, x, cos, sin, positions, per_token, rows, grouped, cache.k[i], cache.v[i])
-    x = x[0, logits_at]  # [B, S, dim]: only the positions that sample
+    x = x[0] if every_position else x[0, logits_at]  # [B, S, dim]: only the positions that sample
     return model.output(rms_norm(x, model.norm, model.config.norm_eps))
