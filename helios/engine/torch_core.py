@@ -24,12 +24,11 @@ from typing import Sequence
 import torch
 
 from helios.config import SchedulerConfig, SpeculationMode
-from helios.engine.core import Execution
+from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, Execution
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.proposals import copy_proposals
-from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION
 from helios.engine.sampling import SamplingOptions
-from helios.engine.torch_outputs import aligned_logprobs, prompt_entries, sample_outputs, verify_outputs
+from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
 from helios.engine.torch_checkpoints import CheckpointStore, Match
 from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
 from helios.engine.torch_packed import PackedGraph, needs_packing
@@ -259,8 +258,7 @@ class TorchCore:
                 outputs = verify_outputs(works, drafts, logits, lps)
             elif kind is GraphKind.SCORED_PREFILL:  # logits at every position [R, n, V]
                 lengths = packing.query_lengths
-                scores = {w.request.handle: prompt_entries(w, logits[b, :lengths[b]])
-                          for b, w in enumerate(works) if w.request.prompt_logprobs is not None}
+                scores = prompt_scores(works, lambda b: logits[b, :lengths[b]])
                 last = logits[torch.arange(len(lengths)), torch.tensor(lengths) - 1]
                 outputs = sample_outputs(works, last, packing, lps)
             else:
@@ -270,7 +268,7 @@ class TorchCore:
         offered = [len(d) for d in drafts] if kind is GraphKind.SPECULATIVE else [None] * len(works)
         records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
         return Execution(records, ExecutionTiming((duration,), None, None), duration,
-                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=_scores(scores))
+                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores)
 
     def _packed_graph(self, shape) -> PackedGraph:
         if shape not in self.packed:
@@ -299,8 +297,7 @@ class TorchCore:
             if plan.shape.kind is GraphKind.SCORED_PREFILL:  # a prefill: no verified rows below
                 every = graph.forward(self.model, self.cache, every_position=True)  # [T, V]
                 offsets = packing.offsets
-                scores = {w.request.handle: prompt_entries(w, every[offsets[b]:offsets[b + 1]])
-                          for b, w in enumerate(works) if w.request.prompt_logprobs is not None}
+                scores = prompt_scores(works, lambda b: every[offsets[b]:offsets[b + 1]])
                 logits = every[graph.buffers["logits_at"]]
             else:
                 logits = graph.forward(self.model, self.cache)  # [B, S, V] at each row's sampled positions
@@ -319,7 +316,7 @@ class TorchCore:
         offered = [len(d) if verify and i not in prompt else None for i, d in enumerate(drafts)]
         records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
         return Execution(records, ExecutionTiming((duration,), None, None), duration,
-                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=_scores(scores))
+                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores)
 
     def _time_packed(self, shape, context: int) -> int:
         """Time a mixed graph on scratch rows only: a full prompt row and full decode rows."""
@@ -353,10 +350,6 @@ class TorchCore:
         r.generated.extend(tokens)
         return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), end is not None,
                                 offered)
-
-
-def _scores(scores: dict | None) -> dict | None:
-    return {h: tuple(entries) for h, entries in scores.items()} if scores else None
 
 
 class _Timer:

@@ -64,6 +64,15 @@ def prompt_entries(work: LaneWork, logits: torch.Tensor) -> list:
     return ([None] if start == 0 else []) + scored
 
 
+def prompt_scores(works: list[LaneWork], row_logits) -> dict | None:
+    """Execution.prompt_logprobs of a scored prefill: by handle, the entries of each row whose
+    request asked (`prompt_entries`); `row_logits(b)` is row b's logits [n, V] at its chunk's
+    positions."""
+    scores = {w.request.handle: tuple(prompt_entries(w, row_logits(b)))
+              for b, w in enumerate(works) if w.request.prompt_logprobs is not None}
+    return scores or None
+
+
 def aligned_logprobs(records, lps: dict) -> dict | None:
     """Log-probabilities by handle, cut to the tokens each record kept (nothing after EOS)."""
     return {r.handle: tuple(lps[r.handle][: len(r.tokens)]) for r in records if r.handle in lps} or None
