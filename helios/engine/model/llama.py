@@ -197,7 +197,7 @@ class Block(nn.Module):
         # the G query heads of a KV head into the query axis: [B, K, G*L, D].
         q = q.reshape(B, K, G * L, D)
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
-        out = out.view(B, H, L, D).transpose(1, 2).reshape(B, L, H * D)
+        out = out.reshape(B, H, L, D).transpose(1, 2).reshape(B, L, H * D)  # CUDA SDPA may return strided output
         o = self.wo(out)
         x = x + (o if self.attn_reduce is None else self.attn_reduce(o))
 
@@ -267,7 +267,7 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, mask, slots, positions, cache.k[i], cache.v[i], kv_window)
         if logits_at is not None:
-            x = x[torch.arange(B), logits_at][:, None]  # [B, 1, dim]
+            x = x[torch.arange(B, device=x.device), logits_at][:, None]  # [B, 1, dim]
         return self.output(rms_norm(x, self.norm, self.config.norm_eps))
 
 

@@ -69,7 +69,7 @@ class ShortRows:
         keys = cache_k[:, :, :self.window][self.slots]  # [R, K, window, D]
         values = cache_v[:, :, :self.window][self.slots]
         o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask)
-        o = o.view(R, H, L, D).permute(1, 0, 2, 3).reshape(H, R * L, D)
+        o = o.reshape(R, H, L, D).permute(1, 0, 2, 3).reshape(H, R * L, D)
         out[:, self.dst] = o[:, self.src]
 
 
@@ -97,7 +97,7 @@ def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         values = cache_v[slot, :, :window]
         # GQA as in Block.forward: the G query heads of a KV head fold into the query axis.
         qs = q[:, off:off + n].reshape(K, G * n, D)
-        out[:, off:off + n] = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask).view(H, n, D)
+        out[:, off:off + n] = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask).reshape(H, n, D)
     if short is not None:
         short.attend(q, cache_k, cache_v, out, G)
     o = layer.wo(out.transpose(0, 1).reshape(1, T, H * D))
