@@ -5,7 +5,8 @@ prepares one static-shape graph per catalog shape (torch_graphs), keeps each req
 (prompt, sampling options and generator, pending token, committed length; torch_state), and
 executes plans: prefill chunks, ordinary decode, and complete speculative rounds with copy
 proposals verified losslessly (sampling, proposals). Mixed graphs (one prompt chunk and decode rows)
-and prefill plans whose rows need packing run as one packed forward (torch_packed).
+and prefill plans whose rows need packing run as one packed forward (torch_packed, run by
+torch_packed_run).
 
 Speculative KV invariant: a round writes K/V for the pending token and every draft. Only the
 pending token and the accepted drafts become valid (kv_len advances past them); the entries of
@@ -16,8 +17,6 @@ attend only to positions <= their own, so stale entries are never read.
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -30,8 +29,9 @@ from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
 from helios.engine.torch_checkpoints import CheckpointStore, Match
-from helios.engine.torch_graphs import PAD_TOKEN, Packing, PreparedGraph, RowWork
-from helios.engine.torch_packed import PackedGraph, needs_packing
+from helios.engine.torch_graphs import PAD_TOKEN, DeviceTimer, Packing, PreparedGraph, RowWork
+from helios.engine.torch_packed import needs_packing
+from helios.engine.torch_packed_run import execute_packed, time_packed
 from helios.engine.torch_state_ops import STATE_KINDS, run_state_plan, time_state_copy, with_state_shapes
 from helios.engine.torch_state import CoreRequest, LaneWork, PlanMismatch, Stopping, validate_plan
 from helios.errors import ConfigError, InvalidRequest
@@ -149,15 +149,15 @@ class TorchCore:
         state changes) with every row's queries from KV position `context` on, and return the
         measured interval in ns (see helios.server.warmup for how a server seeds costs)."""
         if shape.kind is GraphKind.MIXED:
-            return self._time_packed(shape, context)
+            return time_packed(self, shape, context)
         if shape.kind in STATE_KINDS:
-            timer = _Timer(self.device)
+            timer = DeviceTimer(self.device)
             time_state_copy(self, shape, context)
             return timer.stop()
         graph = self.graphs[shape]
         start = max(0, min(context, self.cache.max_context - graph.length))
         rows = [RowWork(self.cache.scratch_slot, (PAD_TOKEN,) * graph.length, start, True)] * graph.batch
-        timer = _Timer(self.device)
+        timer = DeviceTimer(self.device)
         graph.pack(rows)
         with torch.inference_mode():
             logits = graph.forward(self.model, self.cache)
@@ -228,15 +228,15 @@ class TorchCore:
         if plan.shape.kind in STATE_KINDS:
             if self.checkpoints is None:
                 raise PlanMismatch(f"{plan.shape.label()} needs a checkpoint store (checkpoint_memory)")
-            timer = _Timer(self.device)
+            timer = DeviceTimer(self.device)
             records = run_state_plan(self, plan)
             duration = timer.stop()
             return Execution(records, ExecutionTiming((duration,), None, None), duration)
         works = validate_plan(plan, self.requests, self._free_slots, self.catalog, self.max_context)
         if needs_packing(plan):
-            return self._execute_packed(plan, works)
+            return execute_packed(self, plan, works)
         graph = self.graphs[plan.shape]
-        timer = _Timer(self.device)
+        timer = DeviceTimer(self.device)
         kind = plan.shape.kind
         if kind is GraphKind.SPECULATIVE:
             # Proposal work belongs to the complete program's measured interval.
@@ -270,68 +270,6 @@ class TorchCore:
         return Execution(records, ExecutionTiming((duration,), None, None), duration,
                          logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores)
 
-    def _packed_graph(self, shape) -> PackedGraph:
-        if shape not in self.packed:
-            self.packed[shape] = PackedGraph(shape, self.cache.scratch_slot, self.device)
-        return self.packed[shape]
-
-    def _execute_packed(self, plan: ScheduledPlan, works: list[LaneWork]) -> Execution:
-        """A mixed graph (one prompt row, decode or copy-speculative rows) or a prefill plan whose rows
-        need packing, as ONE packed forward laid out by prefix sums (torch_packed)."""
-        graph = self._packed_graph(plan.shape)
-        timer = _Timer(self.device)
-        prompt = frozenset(i for i, w in enumerate(works) if w.lane.prompt_tokens)
-        # Decode rows verify like a speculative round's lanes when the core speculates (copy proposals;
-        # width one verifies the pending token alone), else they sample one token.
-        verify = self.speculation is not SpeculationMode.OFF
-        drafts = [copy_proposals(w.request.context(), w.lane.output_rows - 1) if verify and i not in prompt
-                  else [] for i, w in enumerate(works)]
-        rows = [RowWork(w.slot, w.request.prompt[w.lane.prompt_start: w.lane.prompt_start + w.lane.prompt_tokens],
-                        w.lane.prompt_start, w.finishes_prompt) if i in prompt
-                else RowWork(w.slot, (w.request.pending, *d), w.request.kv_len, True)
-                for i, (w, d) in enumerate(zip(works, drafts))]
-        packing = graph.pack(rows, prompt)
-        lps: dict = {}
-        scores = None
-        with torch.inference_mode():
-            if plan.shape.kind is GraphKind.SCORED_PREFILL:  # a prefill: no verified rows below
-                every = graph.forward(self.model, self.cache, every_position=True)  # [T, V]
-                offsets = packing.offsets
-                scores = prompt_scores(works, lambda b: every[offsets[b]:offsets[b + 1]])
-                logits = every[graph.buffers["logits_at"]]
-            else:
-                logits = graph.forward(self.model, self.cache)  # [B, S, V] at each row's sampled positions
-            # The row sampling mask: a prompt row samples only when it finishes; verified rows sample below.
-            mask = tuple(m and not (verify and b < len(works) and b not in prompt)
-                         for b, m in enumerate(packing.sample_mask))
-            outputs = sample_outputs(works, logits[:, 0], dataclasses.replace(packing, sample_mask=mask), lps)
-            if verify:
-                decoders = [i for i in range(len(works)) if i not in prompt]
-                verified = verify_outputs([works[i] for i in decoders], [drafts[i] for i in decoders],
-                                        logits[decoders], lps)
-                for i, out in zip(decoders, verified):
-                    outputs[i] = out
-        duration = timer.stop()
-        self.last_packing = packing
-        offered = [len(d) if verify and i not in prompt else None for i, d in enumerate(drafts)]
-        records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
-        return Execution(records, ExecutionTiming((duration,), None, None), duration,
-                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores)
-
-    def _time_packed(self, shape, context: int) -> int:
-        """Time a mixed graph on scratch rows only: a full prompt row and full decode rows."""
-        graph = self._packed_graph(shape)
-        w, c = shape.token_capacity, shape.prefill_capacity
-        start = max(0, min(context, self.cache.max_context - c))
-        scratch = self.cache.scratch_slot
-        rows = [RowWork(scratch, (PAD_TOKEN,) * c, start, True)]
-        rows += [RowWork(scratch, (PAD_TOKEN,) * w, start, True)] * (shape.batch_capacity - 1)
-        timer = _Timer(self.device)
-        graph.pack(rows, frozenset({0}))
-        with torch.inference_mode():
-            graph.forward(self.model, self.cache)[:, 0].argmax(-1).tolist()
-        return timer.stop()
-
     def _commit(self, w: LaneWork, tokens: list[int], offered: int | None) -> CompletionRecord:
         """Advance the request's state by what the execution produced; build its record."""
         r, lane = w.request, w.lane
@@ -350,23 +288,3 @@ class TorchCore:
         r.generated.extend(tokens)
         return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), end is not None,
                                 offered)
-
-
-class _Timer:
-    """The execution's device interval: perf_counter_ns on the CPU, CUDA events on a GPU."""
-
-    def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
-        if self.cuda:  # pragma: no cover - needs a GPU
-            self.start_event = torch.cuda.Event(enable_timing=True)
-            self.end_event = torch.cuda.Event(enable_timing=True)
-            self.start_event.record()
-        else:
-            self.start_ns = time.perf_counter_ns()
-
-    def stop(self) -> int:
-        if self.cuda:  # pragma: no cover - needs a GPU
-            self.end_event.record()
-            self.end_event.synchronize()
-            return max(1, int(self.start_event.elapsed_time(self.end_event) * 1e6))
-        return max(1, time.perf_counter_ns() - self.start_ns)

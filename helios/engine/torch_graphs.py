@@ -16,6 +16,7 @@ Packing rules (the spec's "Mixed execution contract", applied to our rectangular
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -220,3 +221,23 @@ def capture_windows(max_context: int, length: int) -> list[int]:
             windows.append(w)
         w *= 2
     return windows + [max_context]
+
+
+class DeviceTimer:
+    """The execution's device interval: perf_counter_ns on the CPU, CUDA events on a GPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        if self.cuda:  # pragma: no cover - needs a GPU
+            self.start_event = torch.cuda.Event(enable_timing=True)
+            self.end_event = torch.cuda.Event(enable_timing=True)
+            self.start_event.record()
+        else:
+            self.start_ns = time.perf_counter_ns()
+
+    def stop(self) -> int:
+        if self.cuda:  # pragma: no cover - needs a GPU
+            self.end_event.record()
+            self.end_event.synchronize()
+            return max(1, int(self.start_event.elapsed_time(self.end_event) * 1e6))
+        return max(1, time.perf_counter_ns() - self.start_ns)
