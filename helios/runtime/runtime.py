@@ -3,7 +3,7 @@
 Threads:
 - the runtime thread runs the step loop (helios.runtime.step): plan -> commit -> hand to the
   worker; completion -> scheduler.complete -> publication -> published_output -> plan again;
-- the worker thread owns the core: attach, execute (frames one after another, in fence
+- the worker thread (helios.runtime.worker) owns the core: attach, execute (frames one after another, in fence
   order) and detach all run there, so a core never sees two threads.
 
 The scheduler is not thread-safe. Every scheduler call happens under one lock (`_cv`'s),
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
 import threading
 import time
 from collections import deque
@@ -26,6 +25,7 @@ from helios.runtime.checkpoint_admission import checkpoint_match
 from helios.runtime.host_times import HostTimes
 from helios.runtime.publication import Publication
 from helios.runtime.step import StepLoop, visible_tokens
+from helios.runtime.worker import CoreWorker
 from helios.runtime.stream import CANCELLED, ERROR, LENGTH, STOP, RequestStream, SamplingParams, StreamEvent
 from helios.scheduler.plan import FinishReason, GeneratedToken, ScheduledPlan
 from helios.scheduler.request_spec import RequestSpec
@@ -77,11 +77,11 @@ class Runtime:
         self._streams: dict[int, RequestStream] = {}
         self._pubs: dict[int, Publication] = {}
         self._inbox: deque = deque()  # worker -> runtime thread: completions, faults, attach failures
-        self._work: queue.SimpleQueue = queue.SimpleQueue()  # runtime -> worker, FIFO
+        self._worker = CoreWorker(core, self._post, clock)  # owns the core (helios.runtime.worker)
         self._dispatched: dict[int, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
         self._frame_logprobs: dict = {}  # the finishing frame's Execution.logprobs
         # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
-        self._step = StepLoop(scheduler, clock, lambda handle: self._work.put(("detach", handle)),
+        self._step = StepLoop(scheduler, clock, self._worker.detach,
                               on_decision=lambda ns: self.stats.decisions.observe(ns))
         self._accepting = False
         self._running = False
@@ -109,7 +109,7 @@ class Runtime:
                 raise RuntimeError("a Runtime can be started once")
             self._accepting = self._running = True
             self._threads = [threading.Thread(target=self._loop, name="helios-runtime", daemon=True),
-                             threading.Thread(target=self._worker, name="helios-worker", daemon=True)]
+                             threading.Thread(target=self._worker.run, name="helios-worker", daemon=True)]
         for t in self._threads:
             t.start()
         return self
@@ -174,7 +174,7 @@ class Runtime:
             self._streams[handle] = stream
             self._pubs[handle] = Publication(self.tokenizer, params.stop, logprobs=params.logprobs is not None)
             # Queued before any execute that can include the handle: the worker is FIFO.
-            self._work.put(("attach", handle, prompt, options))
+            self._worker.attach(handle, prompt, options)
             self._step.attached(handle)
             self.stats.submitted += 1
             self._cv.notify_all()
@@ -209,12 +209,12 @@ class Runtime:
                 for stream in list(self._streams.values()):
                     self._end_stream(stream, ERROR, f"runtime failure: {exc}")
             finally:
-                self._work.put(None)
+                self._worker.close()
                 self._cv.notify_all()
 
     def _submit(self, plan: ScheduledPlan, fence: int) -> None:
         self._dispatched[fence] = (plan, self._step.last_ns)
-        self._work.put(("execute", plan, fence))
+        self._worker.execute(plan, fence)
 
     def _handle(self, item) -> None:
         kind = item[0]
@@ -303,31 +303,8 @@ class Runtime:
             except Exception:
                 log.exception("on_finish hook failed")
 
-    # ---- the worker thread -------------------------------------------------------------------
+    # ---- from the worker thread ---------------------------------------------------------------
     def _post(self, item) -> None:
         with self._cv:
             self._inbox.append(item)
             self._cv.notify_all()
-
-    def _worker(self) -> None:
-        while (item := self._work.get()) is not None:
-            kind = item[0]
-            try:
-                if kind == "execute":
-                    _, plan, fence = item
-                    try:
-                        execution = self.core.execute(plan, fence)
-                    except Exception as exc:
-                        self._post(("fault", fence, exc))
-                    else:
-                        self._post(("done", fence, execution, int(self._clock())))
-                elif kind == "attach":
-                    _, handle, prompt, options = item
-                    try:
-                        self.core.attach(handle, prompt, **options)
-                    except Exception as exc:
-                        self._post(("attach_failed", handle, exc))
-                elif kind == "detach":
-                    self.core.detach(item[1])
-            except Exception:
-                log.exception("helios worker: %s failed", kind)
