@@ -3,8 +3,8 @@
 Threads:
 - the runtime thread runs the step loop (helios.runtime.step): plan -> commit -> hand to the
   worker; completion -> scheduler.complete -> publication -> published_output -> plan again;
-- the worker thread (helios.runtime.worker) owns the core: attach, execute (frames one after another, in fence
-  order) and detach all run there, so a core never sees two threads.
+- the worker thread (helios.runtime.worker) owns the core: attach, execute (frames one after
+  another, in fence order) and detach all run there, so a core never sees two threads.
 
 The scheduler is not thread-safe. Every scheduler call happens under one lock (`_cv`'s),
 whether it comes from the runtime thread, a submitting thread or a cancelling thread.
