@@ -23,9 +23,9 @@ from typing import Sequence
 import torch
 
 from helios.config import SchedulerConfig, SpeculationMode
+from helios.engine.grammar import GRAMMAR_OPTION, Constraint, check_grammar, grammar_tokenizer
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, Execution
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
-from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
 from helios.engine.torch_checkpoints import CheckpointStore, Match
@@ -78,6 +78,8 @@ def load_model(model_path=None, device: str | torch.device = "cpu",
 
 class TorchCore:
     """A Core (helios.engine.core) running a real model with static-shape prepared graphs."""
+
+    grammars = True  # honours GRAMMAR_OPTION (a response format's grammar; helios.engine.grammar)
 
     def __init__(self, model_path=None, *, request_slots: int = 4, max_context: int = 1024,
                  prefill_chunks: Sequence[int] = (64, 256), max_batch: int = 4,
@@ -135,6 +137,7 @@ class TorchCore:
         self.requests: dict[RequestHandle, CoreRequest] = {}
         self._free_slots = list(range(request_slots - 1, -1, -1))  # pop() gives slot 0 first
         self.last_packing: Packing | None = None
+        self._lltokenizer = None  # built on the first constrained request (grammar_tokenizer)
 
     def scheduler_config(self, **overrides) -> SchedulerConfig:
         """A SchedulerConfig that matches this core's slots, context and speculation."""
@@ -182,7 +185,7 @@ class TorchCore:
             raise
 
     def _attach(self, handle: RequestHandle, prompt: Sequence[int], **options) -> None:
-        extra = (RESTORE_OPTION, LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION)
+        extra = (RESTORE_OPTION, LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION, GRAMMAR_OPTION)
         unknown = set(options) - set(SAMPLING_OPTIONS) - set(STOPPING_OPTIONS) - set(extra)
         if unknown:
             raise InvalidRequest(f"unknown TorchCore options {sorted(unknown)}; "
@@ -197,6 +200,15 @@ class TorchCore:
         if len(ids) >= self.max_context:
             raise InvalidRequest(f"a {len(ids)}-token prompt leaves no room in a "
                                  f"{self.max_context}-token context")
+        grammar = options.pop(GRAMMAR_OPTION, None)
+        constraint = None
+        if grammar is not None:
+            if options.get("ignore_eos") or options.get("min_tokens"):
+                # The grammar ends the output with EOS, which these would forbid.
+                raise InvalidRequest("a response format (grammar) cannot be combined with ignore_eos or min_tokens")
+            if self._lltokenizer is None:
+                self._lltokenizer = grammar_tokenizer(self.tokenizer, self.config.vocab_size)
+            constraint = Constraint(self._lltokenizer, check_grammar(grammar))
         stopping = Stopping.of(self.tokenizer.eos_id, self.config.vocab_size,
                                **{k: options.pop(k) for k in STOPPING_OPTIONS if k in options})
         top, prompt_top = options.pop(LOGPROBS_OPTION, None), options.pop(PROMPT_LOGPROBS_OPTION, None)
@@ -209,7 +221,7 @@ class TorchCore:
             raise InvalidRequest(f"{RESTORE_OPTION} must be a CheckpointStore match inside the prompt")
         sampling = SamplingOptions.of(**options, vocab_size=self.config.vocab_size)
         self.requests[handle] = CoreRequest(handle, ids, sampling, sampling.generator(), stopping=stopping,
-                                            logprobs=top, prompt_logprobs=prompt_top)
+                                            logprobs=top, prompt_logprobs=prompt_top, constraint=constraint)
         if match is not None:
             self.pending_restores[handle] = match
 
@@ -240,7 +252,7 @@ class TorchCore:
         kind = plan.shape.kind
         if kind is GraphKind.SPECULATIVE:
             # Proposal work belongs to the complete program's measured interval.
-            drafts = [copy_proposals(w.request.context(), w.lane.output_rows - 1) for w in works]
+            drafts = [w.drafts() for w in works]
             rows = [RowWork(w.slot, (w.request.pending, *d), w.request.kv_len, True)
                     for w, d in zip(works, drafts)]
         elif kind.is_prefill:
@@ -286,5 +298,7 @@ class TorchCore:
         else:
             r.kv_len += len(tokens)  # the old pending token and the accepted drafts
         r.generated.extend(tokens)
+        if r.constraint is not None:
+            r.constraint.consume(tokens)
         return CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tuple(tokens), end is not None,
                                 offered)

@@ -1,6 +1,6 @@
 """From a TorchCore graph's logits to each lane's output tokens: sampled rows, verified
-speculative positions, and the raw log-probabilities of what they emit (taken before bias and
-penalties change the logits in place)."""
+speculative positions, and the raw log-probabilities of what they emit (taken before bias,
+penalties and a response format's grammar change the logits in place)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ def sample_outputs(works: list[LaneWork], logits: torch.Tensor, packing: Packing
             penalize(logits[b], w.request.prompt, w.request.generated, w.request.options)
         if w.request.stopping.blocks(len(w.request.generated)):
             logits[b, list(w.request.stopping.terminal)] = float("-inf")
+        if w.request.constraint is not None and packing.sample_mask[b]:
+            w.request.constraint.mask(logits[b])
     opts = [w.request.options for w in works] + [None] * (logits.shape[0] - n)
     gens = [w.request.generator for w in works] + [None] * (logits.shape[0] - n)
     tokens = sample_rows(logits, opts, gens, packing.sample_mask)
@@ -43,6 +45,8 @@ def verify_outputs(works: list[LaneWork], drafts: list[list[int]], logits: torch
                 penalize(logits[b, i], w.request.prompt, [*w.request.generated, *d[:i]], w.request.options)
             if stop.blocks(len(w.request.generated) + i):
                 logits[b, i, list(stop.terminal)] = float("-inf")
+        if w.request.constraint is not None:  # no drafts (LaneWork.drafts): only position 0 samples
+            w.request.constraint.mask(logits[b, 0])
         opts = w.request.options
         if opts.greedy:
             out.append(verify_greedy(logits[b, : len(d) + 1].argmax(-1).tolist(), d))

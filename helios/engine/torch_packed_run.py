@@ -11,7 +11,6 @@ import torch
 
 from helios.config import SpeculationMode
 from helios.engine.core import Execution
-from helios.engine.proposals import copy_proposals
 from helios.engine.torch_graphs import PAD_TOKEN, DeviceTimer, RowWork
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
 from helios.engine.torch_packed import PackedGraph
@@ -35,7 +34,7 @@ def execute_packed(core, plan: ScheduledPlan, works: list[LaneWork]) -> Executio
     # Decode rows verify like a speculative round's lanes when the core speculates (copy proposals;
     # width one verifies the pending token alone), else they sample one token.
     verify = core.speculation is not SpeculationMode.OFF
-    drafts = [copy_proposals(w.request.context(), w.lane.output_rows - 1) if verify and i not in prompt
+    drafts = [w.drafts() if verify and i not in prompt
               else [] for i, w in enumerate(works)]
     rows = [RowWork(w.slot, w.request.prompt[w.lane.prompt_start: w.lane.prompt_start + w.lane.prompt_tokens],
                     w.lane.prompt_start, w.finishes_prompt) if i in prompt

@@ -16,6 +16,8 @@ from typing import Sequence
 
 import torch
 
+from helios.engine.grammar import Constraint
+from helios.engine.proposals import copy_proposals
 from helios.engine.sampling import SamplingOptions
 from helios.errors import HeliosError, InvalidRequest
 from helios.graphs import GraphKind
@@ -70,6 +72,7 @@ class CoreRequest:
     stopping: Stopping = Stopping(frozenset())  # TorchCore.attach always sets EOS and the options
     logprobs: int | None = None  # top alternatives to report per output token; None: no log-probabilities
     prompt_logprobs: int | None = None  # the same for the prompt's tokens (scored prefill)
+    constraint: Constraint | None = None  # a response format's grammar (helios.engine.grammar)
 
     @property
     def pending(self) -> int | None:
@@ -90,6 +93,13 @@ class LaneWork:
     slot: int
     new_slot: bool  # the slot is bound by this execution
     finishes_prompt: bool = False  # prefill: the chunk ends the prompt and samples a token
+
+    def drafts(self) -> list[int]:
+        """Copy proposals for the lane's extra rows. A constrained request gets none: its grammar
+        masks each position given the tokens before it, which a draft would skip."""
+        if self.request.constraint is not None:
+            return []
+        return copy_proposals(self.request.context(), self.lane.output_rows - 1)
 
 
 def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_slots: Sequence[int],

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from helios.runtime.runtime import Runtime, RuntimeClosed
 from helios.runtime.stream import RequestStream
+from helios.engine.grammar import GRAMMAR_OPTION
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
 from helios.server.errors import APIError, install_handlers
@@ -214,6 +215,10 @@ async def _serve(request: Request, service: Service, req, chat: bool):
     else:
         prepared = await run_in_threadpool(prepare_completion, req, backend.tokenizer, backend.max_context,
                                            backend.vocab_size)
+    if not getattr(backend.core, "grammars", False) and any(
+            GRAMMAR_OPTION in c.params.core_options for c in prepared.choices):
+        raise APIError(400, "response_format needs the torch engine on one rank (this server's core cannot "
+                            "constrain its output)", param="response_format", code="unsupported_parameter")
     choices = service.submit(prepared, chat)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)

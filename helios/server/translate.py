@@ -11,10 +11,12 @@ import uuid
 from dataclasses import dataclass
 
 from helios.engine.core import MAX_LOGPROBS
+from helios.engine.grammar import GRAMMAR_OPTION
 from helios.engine.sampling import REPETITION_PENALTY_RANGE
 from helios.runtime.stream import SamplingParams
 from helios.server.anchors import message_endpoints
 from helios.server.errors import APIError
+from helios.server.response_format import response_grammar
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 
 MAX_STOPS = 4  # OpenAI's limit
@@ -124,9 +126,11 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
     if req.reasoning_effort is not None:
         raise APIError(400, "reasoning_effort is not supported: this model does not reason before answering",
                        param="reasoning_effort", code="unsupported_parameter")
-    if req.response_format is not None and req.response_format != {"type": "text"}:
-        raise APIError(400, "only response_format {\"type\": \"text\"} is supported", param="response_format",
-                       code="unsupported_parameter")
+    grammar = response_grammar(req.response_format)
+    if grammar is not None and (req.ignore_eos or req.min_tokens):
+        # The grammar ends the output with EOS, which these would forbid.
+        raise APIError(400, "response_format cannot be combined with ignore_eos or min_tokens",
+                       param="response_format", code="invalid_value")
     if not req.messages:
         raise APIError(400, "messages must contain at least one message", param="messages", code="invalid_value")
     messages = []
@@ -163,8 +167,10 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
         limit, param = req.max_tokens, "max_tokens"
     max_tokens = _max_tokens(limit, param, len(ids), max_context, None, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    params = dataclasses.replace(_params(req, max_tokens, rid, vocab_size),
-                                 endpoints=message_endpoints(tokenizer, messages, text, ids))
+    params = _params(req, max_tokens, rid, vocab_size)
+    grammar = {GRAMMAR_OPTION: grammar} if grammar is not None else {}
+    params = dataclasses.replace(params, endpoints=message_endpoints(tokenizer, messages, text, ids),
+                                 core_options={**params.core_options, **grammar})
     return _prepared(rid, _samples(n, ids, params), req)
 
 

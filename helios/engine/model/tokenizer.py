@@ -105,6 +105,10 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return self._vocab_size
 
+    def hf_json(self) -> str:
+        """The underlying HF `tokenizers` model, serialized (for grammar libraries)."""
+        return self._tk.to_str()
+
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``; no BOS is added."""
         return self._tk.encode(text, add_special_tokens=False).ids

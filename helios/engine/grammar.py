@@ -1,0 +1,84 @@
+"""Structured output: a request's grammar masks the tokens it may emit (llguidance).
+
+A request attaches with GRAMMAR_OPTION, a grammar in llguidance's serialized form (from
+`json_schema_grammar`). Its Constraint follows the committed output: every sampled position
+allows only tokens that keep the output a prefix of the grammar's language, and once the
+grammar is complete only EOS. Speculation stays lossless because a constrained request is
+offered no drafts: its rounds verify the pending token alone.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Sequence
+
+import llguidance
+import numpy as np
+import torch
+
+from helios.errors import InvalidRequest
+
+GRAMMAR_OPTION = "grammar"
+# One layout, `{"a": 1, "b": [2, 3]}`: with flexible whitespace a small model can emit newlines
+# inside the object until max_tokens ends it.
+JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+
+
+def json_schema_grammar(schema: dict | None) -> str:
+    """The grammar of JSON text matching `schema` (None: any JSON object, OpenAI's json_object
+    mode). Raises InvalidRequest with llguidance's reason when the schema cannot be compiled."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            {"type": "object"} if schema is None else schema,
+            defaults=JSON_LAYOUT)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"invalid JSON schema: {exc}") from None
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise InvalidRequest(f"invalid JSON schema: {error}")
+    return grammar
+
+
+def grammar_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
+    """llguidance's view of a helios Tokenizer (its HF `tokenizers` model and EOS). Building it
+    takes about 0.3 s for SmolLM2, so a core builds it once, on its first constrained request."""
+    return llguidance.LLTokenizer(tokenizer.hf_json(), n_vocab=vocab_size, eos_token=tokenizer.eos_id)
+
+
+class Constraint:
+    """One request's grammar state: `mask` the logits of its next position, `consume` what it
+    committed."""
+
+    def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: str):
+        self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
+        if self.matcher.is_error():
+            raise InvalidRequest(f"grammar rejected: {self.matcher.get_error()}")
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Set the logits [V] of every token the grammar does not allow here to -inf, in place."""
+        # One bit per token id, lowest bit first (little-endian int32 words).
+        bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[-1]]
+        logits.masked_fill_(torch.from_numpy(allowed == 0).to(logits.device), float("-inf"))
+
+    def consume(self, tokens: Sequence[int]) -> None:
+        for t in tokens:
+            if self.matcher.is_stopped():
+                return  # complete: the mask allowed only EOS, which ends the request
+            if not self.matcher.consume_token(t):
+                # Only a masked sample can reach here, so this is a bug, not bad input.
+                raise RuntimeError(f"grammar refused committed token {t}: {self.matcher.get_error()}")
+
+
+def check_grammar(grammar) -> str:
+    """A GRAMMAR_OPTION value must be a serialized llguidance grammar (a JSON string)."""
+    if not isinstance(grammar, str):
+        raise InvalidRequest(f"the {GRAMMAR_OPTION} option must be a serialized grammar string")
+    try:
+        json.loads(grammar)
+    except ValueError:
+        raise InvalidRequest(f"the {GRAMMAR_OPTION} option is not a serialized grammar") from None
+    error = llguidance.LLMatcher.validate_grammar(grammar)
+    if error:
+        raise InvalidRequest(f"invalid grammar: {error}")
+    return grammar

@@ -1,0 +1,41 @@
+"""OpenAI's `response_format` (chat completions): `text`, `json_object` (any JSON object) or
+`json_schema` (JSON matching the given schema), turned into the core's grammar option
+(helios.engine.grammar), with a 400 naming what is wrong."""
+
+from __future__ import annotations
+
+from helios.engine.grammar import json_schema_grammar
+from helios.errors import InvalidRequest
+from helios.server.errors import APIError
+
+PARAM = "response_format"
+
+
+def response_grammar(response_format: dict | None) -> str | None:
+    """The grammar a response format asks for; None for plain text."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return _grammar(None, PARAM)
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise APIError(400, "response_format json_schema needs a json_schema object with the schema under "
+                                "\"schema\"", param=f"{PARAM}.json_schema", code="invalid_value")
+        schema = spec.get("schema")
+        if schema is not None and not isinstance(schema, dict):
+            raise APIError(400, "response_format.json_schema.schema must be a JSON object",
+                           param=f"{PARAM}.json_schema.schema", code="invalid_value")
+        return _grammar(schema, f"{PARAM}.json_schema.schema")
+    raise APIError(400, f"response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {kind!r}",
+                   param=f"{PARAM}.type", code="invalid_value")
+
+
+def _grammar(schema: dict | None, param: str) -> str:
+    try:
+        return json_schema_grammar(schema)
+    except InvalidRequest as exc:
+        raise APIError(400, str(exc), param=param, code="invalid_value") from None
