@@ -23,8 +23,8 @@ from typing import Sequence
 import torch
 
 from helios.config import SchedulerConfig, SpeculationMode
-from helios.engine.grammar import GRAMMAR_OPTION, Constraint, check_grammar, grammar_tokenizer
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, Execution
+from helios.engine.grammar import GRAMMAR_OPTION, Constraint, check_grammar, grammar_tokenizer
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs

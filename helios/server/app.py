@@ -12,9 +12,9 @@ from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from helios.engine.grammar import GRAMMAR_OPTION
 from helios.runtime.runtime import Runtime, RuntimeClosed
 from helios.runtime.stream import RequestStream
-from helios.engine.grammar import GRAMMAR_OPTION
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
 from helios.server.errors import APIError, install_handlers

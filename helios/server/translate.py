@@ -168,9 +168,9 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
     max_tokens = _max_tokens(limit, param, len(ids), max_context, None, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     params = _params(req, max_tokens, rid, vocab_size)
-    grammar = {GRAMMAR_OPTION: grammar} if grammar is not None else {}
+    constrained = {GRAMMAR_OPTION: grammar} if grammar is not None else {}
     params = dataclasses.replace(params, endpoints=message_endpoints(tokenizer, messages, text, ids),
-                                 core_options={**params.core_options, **grammar})
+                                 core_options={**params.core_options, **constrained})
     return _prepared(rid, _samples(n, ids, params), req)
 
 
