@@ -62,7 +62,7 @@ def assert_no_leak(snap: dict) -> None:
 
 def test_disconnect_storm_on_the_real_model(server):
     """Rule: clients that leave at random moments (queued, prefilling, mid-stream, or waiting on a
-    non-streaming answer) are cancelled; every admitted request ends with a reason; no 5xx; no
+    non-streaming answer), some of them with a response_format grammar, are cancelled; every admitted request ends with a reason; no 5xx; no
     slot or page leaks; the server then serves normally."""
     rng = random.Random(16)
     before = metrics(server.url)
@@ -73,6 +73,8 @@ def test_disconnect_storm_on_the_real_model(server):
         if r.random() < 0.3:
             endpoint = "/v1/chat/completions"
             body["messages"] = [{"role": "user", "content": body.pop("prompt")}]
+            if r.random() < 0.5:  # structured output: the grammar's matcher must go with the request
+                body["response_format"] = {"type": "json_object"}
         await asyncio.sleep(r.random() * 3.0)
         return await raw_request(server.port, body, endpoint, r.random() * 4.0 if r.random() < 0.7 else None)
 
