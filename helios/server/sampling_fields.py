@@ -1,12 +1,14 @@
 """The sampling fields both endpoints share, checked and turned into SamplingParams: n, the
 ranges of temperature, top_p, penalties, top_k, seed and stop, logit_bias, logprobs, and vLLM's
-stopping extensions (passed to the core as attach options)."""
+stopping extensions and response_format (passed to the core as attach options)."""
 
 from __future__ import annotations
 
+from helios.engine.grammar import GRAMMAR_OPTION
 from helios.engine.sampling import REPETITION_PENALTY_RANGE
 from helios.runtime.stream import SamplingParams
 from helios.server.errors import APIError
+from helios.server.response_format import response_grammar
 from helios.server.schemas import ChatCompletionRequest
 
 MAX_STOPS = 4  # OpenAI's limit
@@ -92,8 +94,8 @@ def sampling_params(req, max_tokens: int, request_id: str, vocab_size: int | Non
 
 
 def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
-    """Penalties and vLLM's stopping extensions, for the core (TorchCore honours them; see
-    docs/server.md); a value that changes nothing is left out."""
+    """Penalties, vLLM's stopping extensions and a response format's grammar, for the core
+    (TorchCore honours them; see docs/server.md); a value that changes nothing is left out."""
     options: dict = {name: float(v) for name, v, off in (
         ("presence_penalty", req.presence_penalty, 0), ("frequency_penalty", req.frequency_penalty, 0),
         ("repetition_penalty", req.repetition_penalty, 1)) if v is not None and v != off}
@@ -107,6 +109,13 @@ def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
             options["min_tokens"] = req.min_tokens
     if req.logit_bias:
         options["logit_bias"] = _logit_bias(req.logit_bias, vocab_size)
+    grammar = response_grammar(req.response_format)
+    if grammar is not None:
+        if req.ignore_eos or req.min_tokens:
+            # The grammar ends the output with EOS, which these would forbid.
+            raise APIError(400, "response_format cannot be combined with ignore_eos or min_tokens",
+                           param="response_format", code="invalid_value")
+        options[GRAMMAR_OPTION] = grammar
     if req.stop_token_ids:
         bad = next((t for t in req.stop_token_ids if vocab_size is not None and not 0 <= t < vocab_size), None)
         if bad is not None or any(t < 0 for t in req.stop_token_ids):

@@ -76,6 +76,7 @@ class ChatMessage(_Strict):
 class _Sampling(_Strict):
     """Fields shared by completions and chat completions."""
 
+    response_format: dict[str, Any] | None = None  # helios.server.response_format
     model: str | None = None
     max_tokens: int | None = _int(minimum=1)
     temperature: float | None = _finite(minimum=0, maximum=2)
@@ -114,7 +115,6 @@ class ChatCompletionRequest(_Sampling):
     max_completion_tokens: int | None = _int(minimum=1)
     logprobs: bool | None = None
     top_logprobs: int | None = _int(minimum=0, maximum=20)
-    response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None

@@ -11,11 +11,9 @@ import uuid
 from dataclasses import dataclass
 
 from helios.engine.core import MAX_LOGPROBS
-from helios.engine.grammar import GRAMMAR_OPTION
 from helios.runtime.stream import SamplingParams
 from helios.server.anchors import message_endpoints
 from helios.server.errors import APIError
-from helios.server.response_format import response_grammar
 from helios.server.sampling_fields import check_shared, sampling_params, text_field
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest
 
@@ -123,11 +121,6 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
     if req.reasoning_effort is not None:
         raise APIError(400, "reasoning_effort is not supported: this model does not reason before answering",
                        param="reasoning_effort", code="unsupported_parameter")
-    grammar = response_grammar(req.response_format)
-    if grammar is not None and (req.ignore_eos or req.min_tokens):
-        # The grammar ends the output with EOS, which these would forbid.
-        raise APIError(400, "response_format cannot be combined with ignore_eos or min_tokens",
-                       param="response_format", code="invalid_value")
     if not req.messages:
         raise APIError(400, "messages must contain at least one message", param="messages", code="invalid_value")
     messages = []
@@ -164,10 +157,8 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
         limit, param = req.max_tokens, "max_tokens"
     max_tokens = _max_tokens(limit, param, len(ids), max_context, None, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
-    params = sampling_params(req, max_tokens, rid, vocab_size)
-    constrained = {GRAMMAR_OPTION: grammar} if grammar is not None else {}
-    params = dataclasses.replace(params, endpoints=message_endpoints(tokenizer, messages, text, ids),
-                                 core_options={**params.core_options, **constrained})
+    params = dataclasses.replace(sampling_params(req, max_tokens, rid, vocab_size),
+                                 endpoints=message_endpoints(tokenizer, messages, text, ids))
     return _prepared(rid, _samples(n, ids, params), req)
 
 

@@ -1,4 +1,5 @@
-"""OpenAI's response_format on /v1/chat/completions (helios.server.response_format).
+"""response_format (helios.server.response_format): OpenAI's on /v1/chat/completions, and on
+/v1/completions as vLLM accepts it.
 
 Rules tested:
 - text is plain output; json_object and json_schema become the core's grammar option;
@@ -7,8 +8,9 @@ Rules tested:
   submitted;
 - a server whose core cannot constrain output (the sim engine) refuses json formats with a 400
   rather than answering unconstrained;
-- with the real model, the openai SDK's `parse` with a pydantic model gets a parsed object, and a
-  streamed request with n = 2 gives two documents that match the schema.
+- with the real model, the openai SDK's `parse` with a pydantic model gets a parsed object, a
+  streamed request with n = 2 gives two documents that match the schema, and so does a batch of
+  two completion prompts.
 """
 
 from __future__ import annotations
@@ -25,8 +27,8 @@ from helios.engine.grammar import GRAMMAR_OPTION
 from helios.server import EngineOptions, ServerSettings, build_backend, create_app
 from helios.server.errors import APIError
 from helios.server.response_format import response_grammar
-from helios.server.schemas import ChatCompletionRequest
-from helios.server.translate import prepare_chat
+from helios.server.schemas import ChatCompletionRequest, CompletionRequest
+from helios.server.translate import prepare_chat, prepare_completion
 
 from .test_choices import client  # noqa: F401 (a fixture: the unpaced sim server of 4 slots)
 
@@ -57,19 +59,24 @@ def test_a_bad_response_format_is_a_400_naming_the_field(response_format, param)
 
 
 def test_the_grammar_reaches_every_choice_and_conflicts_are_refused(loaded_tokenizer):
-    req = ChatCompletionRequest(messages=ASK, n=2, response_format={"type": "json_object"})
-    prepared = prepare_chat(req, loaded_tokenizer, 512, loaded_tokenizer.vocab_size)
-    assert all(GRAMMAR_OPTION in c.params.core_options for c in prepared.choices)
+    fmt = {"type": "json_object"}
+    chat = prepare_chat(ChatCompletionRequest(messages=ASK, n=2, response_format=fmt), loaded_tokenizer, 512,
+                        loaded_tokenizer.vocab_size)
+    text = prepare_completion(CompletionRequest(prompt=["a", "b"], n=2, response_format=fmt), loaded_tokenizer,
+                              512, loaded_tokenizer.vocab_size)
+    for prepared in (chat, text):
+        assert len(prepared.choices) in (2, 4)
+        assert all(GRAMMAR_OPTION in c.params.core_options for c in prepared.choices)
     for extra in ({"ignore_eos": True}, {"min_tokens": 2}):
-        req = ChatCompletionRequest(messages=ASK, response_format={"type": "json_object"}, **extra)
+        req = ChatCompletionRequest(messages=ASK, response_format=fmt, **extra)
         with pytest.raises(APIError, match="ignore_eos or min_tokens"):
             prepare_chat(req, loaded_tokenizer, 512, loaded_tokenizer.vocab_size)
 
 
 def test_a_core_without_grammars_refuses_json_formats(client):  # noqa: F811
-    r = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4,
-                                                  "response_format": {"type": "json_object"}})
-    assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
+    for path, body in (("/v1/chat/completions", {"messages": ASK}), ("/v1/completions", {"prompt": "x"})):
+        r = client.post(path, json={**body, "max_tokens": 4, "response_format": {"type": "json_object"}})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "response_format", r.text
     r = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, "response_format": {"type": "text"}})
     assert r.status_code == 200, r.text
 
@@ -110,6 +117,11 @@ def test_the_sdk_parses_a_pydantic_model_and_streams_match_the_schema(real):
             texts[c.index] += c.delta.content or ""
             finish[c.index] = c.finish_reason or finish[c.index]
     assert finish == ["stop", "stop"], texts
+    batch = oc.completions.create(model="SmolLM2-135M-Instruct", prompt=["Colors: ", "My favourite colors are"],
+                                  max_tokens=60, temperature=0, extra_body={"response_format": {
+                                      "type": "json_schema", "json_schema": {"name": "colors", "schema": COLORS}}})
+    assert [c.finish_reason for c in batch.choices] == ["stop", "stop"]
+    texts += [c.text for c in batch.choices]
     for text in texts:
         value = json.loads(text)
         assert set(value) == {"colors"} and len(value["colors"]) <= 3
