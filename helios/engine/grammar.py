@@ -9,7 +9,6 @@ offered no drafts: its rounds verify the pending token alone.
 
 from __future__ import annotations
 
-import json
 from typing import Sequence
 
 import llguidance
@@ -50,9 +49,13 @@ class Constraint:
     committed."""
 
     def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: str):
+        if not isinstance(grammar, str):
+            raise InvalidRequest(f"the {GRAMMAR_OPTION} option must be a serialized grammar string")
+        # The matcher compiles and checks the grammar; it reports a bad one rather than raising.
         self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
         if self.matcher.is_error():
-            raise InvalidRequest(f"grammar rejected: {self.matcher.get_error()}")
+            raise InvalidRequest(f"the {GRAMMAR_OPTION} option is not a valid serialized grammar: "
+                                 f"{self.matcher.get_error()}")
 
     def mask(self, logits: torch.Tensor) -> None:
         """Set the logits [V] of every token the grammar does not allow here to -inf, in place."""
@@ -68,17 +71,3 @@ class Constraint:
             if not self.matcher.consume_token(t):
                 # Only a masked sample can reach here, so this is a bug, not bad input.
                 raise RuntimeError(f"grammar refused committed token {t}: {self.matcher.get_error()}")
-
-
-def check_grammar(grammar) -> str:
-    """A GRAMMAR_OPTION value must be a serialized llguidance grammar (a JSON string)."""
-    if not isinstance(grammar, str):
-        raise InvalidRequest(f"the {GRAMMAR_OPTION} option must be a serialized grammar string")
-    try:
-        json.loads(grammar)
-    except ValueError:
-        raise InvalidRequest(f"the {GRAMMAR_OPTION} option is not a serialized grammar") from None
-    error = llguidance.LLMatcher.validate_grammar(grammar)
-    if error:
-        raise InvalidRequest(f"invalid grammar: {error}")
-    return grammar

@@ -27,6 +27,7 @@ Rank contract (docs/scale-out.md):
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import socket
@@ -36,7 +37,7 @@ import torch
 import torch.distributed as dist
 
 from helios.engine.core import Execution
-from helios.engine.rank_worker import apply_ops, run_step, worker_main
+from helios.engine.rank_worker import run_step, worker_main
 from helios.engine.sharding import build_rank_core, kv_head_ranges, shard_weights
 from helios.engine.torch_state import PlanMismatch
 from helios.errors import ConfigError
@@ -159,8 +160,9 @@ class TensorParallelCore:
         intervals = tuple(int(p[1]) for p in posts)
         self.last_rank_intervals_ns = intervals
         self.last_collective_ns = tuple(int(p[2]) for p in posts)
-        return Execution(execution.records, ExecutionTiming(intervals, None, None), max(intervals),
-                         execution.confidence, execution.survival, execution.logprobs)
+        # Rank 0's execution with the ranks' timing; every other field (log-probabilities too) as rank 0 gave it.
+        return dataclasses.replace(execution, timing=ExecutionTiming(intervals, None, None),
+                                   duration_ns=max(intervals))
 
     def time_graph(self, shape, context: int = 0) -> int:
         ops, self._ops = self._ops, []

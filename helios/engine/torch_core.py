@@ -24,7 +24,7 @@ import torch
 
 from helios.config import SchedulerConfig, SpeculationMode
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, Execution
-from helios.engine.grammar import GRAMMAR_OPTION, Constraint, check_grammar, grammar_tokenizer
+from helios.engine.grammar import GRAMMAR_OPTION, Constraint, grammar_tokenizer
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
@@ -208,7 +208,7 @@ class TorchCore:
                 raise InvalidRequest("a response format (grammar) cannot be combined with ignore_eos or min_tokens")
             if self._lltokenizer is None:
                 self._lltokenizer = grammar_tokenizer(self.tokenizer, self.config.vocab_size)
-            constraint = Constraint(self._lltokenizer, check_grammar(grammar))
+            constraint = Constraint(self._lltokenizer, grammar)
         stopping = Stopping.of(self.tokenizer.eos_id, self.config.vocab_size,
                                **{k: options.pop(k) for k in STOPPING_OPTIONS if k in options})
         top, prompt_top = options.pop(LOGPROBS_OPTION, None), options.pop(PROMPT_LOGPROBS_OPTION, None)

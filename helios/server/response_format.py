@@ -4,6 +4,9 @@
 
 from __future__ import annotations
 
+import functools
+import json
+
 from helios.engine.grammar import json_schema_grammar
 from helios.errors import InvalidRequest
 from helios.server.errors import APIError
@@ -36,6 +39,13 @@ def response_grammar(response_format: dict | None) -> str | None:
 
 def _grammar(schema: dict | None, param: str) -> str:
     try:
-        return json_schema_grammar(schema)
+        return _compiled(json.dumps(schema, sort_keys=True))
     except InvalidRequest as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled(schema_json: str) -> str:
+    # Clients tend to send one schema with every request (and a batch of completion prompts shares
+    # one), so each distinct schema is compiled once.
+    return json_schema_grammar(json.loads(schema_json))

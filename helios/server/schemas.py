@@ -9,7 +9,7 @@ load tools rely on (`ignore_eos`, `min_tokens`, `stop_token_ids`,
 `stream_options.continuous_usage_stats`) or that chat front ends send
 (`repetition_penalty`). Fields that do not change the output here (`user`,
 `store`, `metadata`, `service_tier`) are accepted and have no effect.
-Known OpenAI fields that this server cannot honour (logprobs, tools, ...)
+Known OpenAI fields that this server cannot honour (tools, suffix, best_of > 1, audio, ...)
 are accepted by the schema only so that the translation step can reject them with a message
 that names the feature rather than a generic "extra field" error.
 """
@@ -76,7 +76,6 @@ class ChatMessage(_Strict):
 class _Sampling(_Strict):
     """Fields shared by completions and chat completions."""
 
-    response_format: dict[str, Any] | None = None  # helios.server.response_format
     model: str | None = None
     max_tokens: int | None = _int(minimum=1)
     temperature: float | None = _finite(minimum=0, maximum=2)
@@ -87,6 +86,7 @@ class _Sampling(_Strict):
     n: int | None = _int(minimum=1, maximum=128)
     stream: NullAsFalse = False
     stream_options: StreamOptions | None = None
+    response_format: dict[str, Any] | None = None  # chat, and completions as in vLLM (response_format.py)
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None

@@ -97,6 +97,21 @@ def test_cost_sample_is_the_maximum_rank_interval(tp):
     assert ex.duration_ns == intervals[1]
 
 
+def test_log_probabilities_come_back_from_rank_0(loaded, tp):
+    """An execution's fields other than timing (here the output's log-probabilities) are rank 0's."""
+    prompt = chat(tp.tokenizer, QUESTIONS[0])
+    shape = GraphShape(GraphKind.PREFILL, 1, 64)
+    got = []
+    for core in (tp, TorchCore(loaded=loaded, **CORE)):
+        core.attach(101, prompt, logprobs=2)
+        ex = core.execute(plan(shape, [lane(101, None, 0, len(prompt), 0, 1)]), 1)
+        core.detach(101)
+        got.append(ex.logprobs[101])
+    assert len(got[0]) == 1 and len(got[0][0].top) == 2
+    assert got[0][0].top[0][0] == got[1][0].top[0][0]
+    assert abs(got[0][0].logprob - got[1][0].logprob) < 1e-3
+
+
 def test_faults_on_rank_1_fail_only_that_plan(loaded, tp):
     pre64 = GraphShape(GraphKind.PREFILL, 1, 64)
     dec1 = GraphShape(GraphKind.DECODE, 1)
