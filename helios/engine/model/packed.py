@@ -66,8 +66,8 @@ class ShortRows:
         K = H // G
         # GQA as in Block.forward: [R, H, L, D] -> [R, K, G * L, D].
         qs = q[:, self.gather].permute(1, 0, 2, 3).reshape(R, K, G * L, D)
-        keys = cache_k[:, :, :self.window][self.slots]  # [R, K, window, D]
-        values = cache_v[:, :, :self.window][self.slots]
+        keys = cache_k[:, :, :self.window].index_select(0, self.slots)  # [R, K, window, D], as Block.forward
+        values = cache_v[:, :, :self.window].index_select(0, self.slots)
         o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask)
         o = o.reshape(R, H, L, D).permute(1, 0, 2, 3).reshape(H, R * L, D)
         out[:, self.dst] = o[:, self.src]
