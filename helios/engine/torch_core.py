@@ -23,9 +23,11 @@ from typing import Sequence
 import torch
 
 from helios.config import SchedulerConfig, SpeculationMode
+from helios.engine.cpu_threads import TorchThread
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, Execution
 from helios.engine.grammar import GRAMMAR_OPTION, Constraint, grammar_tokenizer
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
+from helios.engine.model.weights import bf16_available
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
 from helios.engine.torch_checkpoints import CheckpointStore, Match
@@ -64,11 +66,14 @@ class LoadedModel:
 def load_model(model_path=None, device: str | torch.device = "cpu",
                weights: WeightFormat | str = WeightFormat.FLOAT32) -> LoadedModel:
     """Load a Llama-family GGUF (default: the bundled SmolLM2) onto `device` in float32 (or with
-    int8 linear weights on the CPU: faster decoding, different tokens)."""
+    bf16 or int8 linear weights on the CPU: faster, different tokens; helios.engine.model.weights)."""
     device = torch.device(device)
     fmt = WeightFormat(weights)
-    if fmt is WeightFormat.INT8 and device.type != "cpu":
-        raise ConfigError("weights", "int8 weights are a CPU format; use fp32 on other devices")
+    if fmt is not WeightFormat.FLOAT32 and device.type != "cpu":
+        raise ConfigError("weights", f"{fmt.value} weights are a CPU format; use fp32 on other devices")
+    if fmt is WeightFormat.BF16 and not bf16_available():
+        raise ConfigError("weights", "bf16 weights need a CPU that multiplies bfloat16 natively "
+                                     "(AMX or AVX512-BF16); use fp32 or int8 here")
     config, weights = load_weights(model_path)
     # oneDNN-packed weights are a CPU layout; CUDA uses plain ones.
     model = LlamaModel(config, weights, pack_weights=device.type == "cpu", weight_format=fmt).to(device).eval()
@@ -92,9 +97,9 @@ class TorchCore:
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
-        if num_threads is not None:
-            torch.set_num_threads(num_threads)
-        self.loaded = loaded or load_model(model_path, device, weights)
+        # On the CPU every model call runs on one thread, with a governed thread count (cpu_threads).
+        self.torch_thread = TorchThread(num_threads) if torch.device(device).type == "cpu" else None
+        self.loaded = loaded or self._on_torch(load_model, model_path, device, weights)
         self.device = self.loaded.device
         self.config, self.model, self.tokenizer = self.loaded.config, self.loaded.model, self.loaded.tokenizer
         self.speculation = speculation
@@ -147,10 +152,16 @@ class TorchCore:
                       draft_capacity=max(spec, default=0) or 8)
         return SchedulerConfig(**{**fields, **overrides})
 
+    def _on_torch(self, fn, *args):
+        return fn(*args) if self.torch_thread is None else self.torch_thread.call(fn, *args)
+
     def time_graph(self, shape, context: int = 0) -> int:
         """Run the prepared graph `shape` once on padding rows only (the scratch slot: no request
         state changes) with every row's queries from KV position `context` on, and return the
         measured interval in ns (see helios.server.warmup for how a server seeds costs)."""
+        return self._on_torch(self._time_graph, shape, context)
+
+    def _time_graph(self, shape, context: int) -> int:
         if shape.kind is GraphKind.MIXED:
             return time_packed(self, shape, context)
         if shape.kind in STATE_KINDS:
@@ -237,6 +248,9 @@ class TorchCore:
 
     # ---- execution -----------------------------------------------------------------------------
     def execute(self, plan: ScheduledPlan, fence: Fence) -> Execution:
+        return self._on_torch(self._execute, plan, fence)
+
+    def _execute(self, plan: ScheduledPlan, fence: Fence) -> Execution:
         if plan.shape.kind in STATE_KINDS:
             if self.checkpoints is None:
                 raise PlanMismatch(f"{plan.shape.label()} needs a checkpoint store (checkpoint_memory)")

@@ -48,7 +48,7 @@ class EngineOptions:
     device: str = "cpu"
     sim_pace: float = 1.0  # sim engine: real seconds slept per simulated second
     warmup: bool = True  # torch engine: time every prepared graph before serving
-    weights: str = "fp32"  # torch engine: fp32 (reference tokens) or int8 (faster, other tokens)
+    weights: str = "fp32"  # torch engine: fp32 (reference tokens), bf16 or int8 (faster, other tokens)
     tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
     mixed_prompt_steps: int = PROMPT_STEPS  # their prompt buckets per factor of four (helios.prepare.mixed)

@@ -65,9 +65,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "sim"), default="torch",
                    help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    g.add_argument("--weights", choices=("fp32", "int8"), default="fp32",
-                   help="fp32: the model's exact weights (default); int8: int8 linear weights on the CPU, "
-                        "less memory traffic per decode but different greedy tokens (docs/server.md)")
+    g.add_argument("--weights", choices=("fp32", "bf16", "int8"), default="fp32",
+                   help="fp32: the model's exact weights (default); bf16 (CPUs with AMX or AVX512-BF16) and "
+                        "int8: faster linears on the CPU, but different greedy tokens (docs/server.md)")
     g.add_argument("--slots", type=positive_int,
                    help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,
@@ -146,10 +146,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
     from helios.server import EngineOptions, ServerSettings, build_backend, serve
-    from helios.server.openmp import prefer_passive_threads
+    from helios.server.openmp import choose_wait_policy
     from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
 
-    prefer_passive_threads()
+    choose_wait_policy()
     try:
         capacity = resolve(args.engine, args.model, args.slots, args.max_context)
         options = EngineOptions(

@@ -122,6 +122,10 @@ class _RuntimeCollector:
         yield CounterMetricFamily("flare_requests_submitted", "requests admitted to the runtime",
                                   value=stats.submitted)
         yield from _checkpoint_metrics(snap, getattr(self.runtime.core, "checkpoints", None))
+        torch_thread = getattr(self.runtime.core, "torch_thread", None)
+        if torch_thread is not None:  # the CPU engine's thread count (helios.engine.cpu_threads)
+            yield GaugeMetricFamily("flare_engine_cpu_threads", "torch threads the CPU engine runs with now "
+                                    "(fewer while other processes use the CPUs)", value=torch_thread.threads)
 
 
 _CHECKPOINT = (  # metric name, CheckpointStats field, help

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import socket
 import threading
@@ -58,6 +59,8 @@ def assert_no_leak(snap: dict) -> None:
     assert value(snap, "flare_request_slots_free") == SLOTS
     assert value(snap, "flare_kv_pages_free") == value(snap, "flare_kv_pages")
     assert value(snap, "flare_engine_faults_total") == 0
+    # The CPU engine's governed torch threads (helios.engine.cpu_threads): at least one, at most the cores.
+    assert 1 <= value(snap, "flare_engine_cpu_threads") <= (os.cpu_count() or 1)
 
 
 def test_disconnect_storm_on_the_real_model(server):

@@ -8,7 +8,6 @@ Typical use::
     cache = KVCache(config, num_slots=8, max_context=2048)
 """
 
-from helios.engine.model.int8 import WeightFormat
 from helios.engine.model.llama import (
     KVCache,
     LlamaModel,
@@ -17,6 +16,7 @@ from helios.engine.model.llama import (
     rms_norm,
     rope_tables,
 )
+from helios.engine.model.weights import WeightFormat
 from helios.engine.model.loader import (
     ModelConfig,
     default_model_path,

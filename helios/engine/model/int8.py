@@ -4,29 +4,20 @@
 channel), and fbgemm's dynamic linear quantizes each input row on the fly. Per decode step it
 reads a quarter of the float32 weight bytes, which is what bounds decoding on a CPU: measured on
 this project's 2-core AMD EPYC (one thread, under load) 3.4-4.4x faster at 1 row for the MLP and
-output projections, 1.3-3.5x at 16 rows, and no gain at 256 (prefill is compute-bound). With two
-threads on a heavily loaded machine whole decode graphs were slower than float32, so it is not
-a clear win everywhere (docs/server.md).
+output projections, 1.3-3.5x at 16 rows, and no gain at 256 (prefill is compute-bound). Whole
+graphs on a 2-vCPU Xeon: bench/graph_profile.py.
 
-It changes the numerics: greedy tokens can differ from the float32 model's (see
-docs/server.md for the measured agreement), so float32 stays the default. The quantized-tensor
+It changes the numerics more than bfloat16 does: greedy tokens often differ from the float32
+model's from the first one (docs/server.md has the measured agreement), so float32 stays the default. The quantized-tensor
 API used here is deprecated in torch; the packed weights are built once at load.
 """
 
 from __future__ import annotations
 
-import enum
 import warnings
 
 import torch
 from torch import nn
-
-
-class WeightFormat(enum.Enum):
-    """How the model's linear weights are stored and multiplied on the CPU."""
-
-    FLOAT32 = "fp32"  # the dequantized GGUF weights exactly (oneDNN-packed): the reference tokens
-    INT8 = "int8"  # per-channel int8 weights, dynamic int8 activations (fbgemm): faster, other tokens
 
 
 def int8_available() -> bool:

@@ -14,7 +14,6 @@ own) and the slot's next real tokens overwrite them before any query can.
 
 from __future__ import annotations
 
-import functools
 import math
 import mmap
 
@@ -22,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helios.engine.model.int8 import Int8Linear, WeightFormat
+from helios.engine.model.weights import WeightFormat, frozen, linear
 from helios.engine.model.loader import ModelConfig
 
 # Key windows are rounded up to this many positions so attention shapes take
@@ -101,56 +100,6 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
 
 
-def _frozen(t: torch.Tensor) -> nn.Parameter:
-    return nn.Parameter(t.contiguous(), requires_grad=False)
-
-
-@functools.cache
-def onednn_linear_available() -> bool:
-    """Whether oneDNN's packed fp32 linear works in this torch build."""
-    # These are private ops (used by inductor's CPU backend), so probe them
-    # once against F.linear instead of trusting their presence.
-    try:
-        w, x = torch.randn(8, 4), torch.randn(2, 4)
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, None)
-        y = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-        return bool(torch.allclose(y, F.linear(x, w), atol=1e-5))
-    except (AttributeError, RuntimeError, TypeError):
-        return False
-
-
-class Linear(nn.Module):
-    """``y = x @ W.T`` with W ``[out, in]``, stored in oneDNN's packed layout.
-
-    Why: on CPU, MKL's fp32 gemm for ``x @ W.T`` reaches only ~8 GB/s of
-    weight bandwidth at the small row counts of decoding (1-16 rows), while
-    oneDNN's pre-packed weights reach ~20 GB/s; measured 2-4x faster decode
-    steps and still faster on 256-row prefill. In our checks it also gave
-    each row the same bits whatever the batch size (not a documented
-    guarantee). Falls back to F.linear when oneDNN is unavailable.
-    """
-
-    def __init__(self, weight: torch.Tensor, pack: bool = True):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.packed = pack and onednn_linear_available()
-        if self.packed:
-            # Opaque oneDNN tensor; the dense copy can be freed by the caller.
-            self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(
-                weight.contiguous(), None), persistent=False)
-        else:
-            self.weight = _frozen(weight)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
-        return F.linear(x, self.weight)
-
-
-def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat) -> nn.Module:
-    return Int8Linear(weight) if fmt is WeightFormat.INT8 else Linear(weight, pack)
-
-
 class Block(nn.Module):
     """One transformer layer: pre-norm GQA attention + pre-norm SwiGLU MLP."""
 
@@ -159,12 +108,12 @@ class Block(nn.Module):
         super().__init__()
         p = f"blk.{i}."
         self.config = config
-        self.attn_norm = _frozen(w[p + "attn_norm.weight"])
+        self.attn_norm = frozen(w[p + "attn_norm.weight"])
         # Q, K and V share one input: one [(H + 2K) * D, dim] matmul is faster.
         self.wqkv = linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"],
                                       w[p + "attn_v.weight"]]), pack, fmt)
         self.wo = linear(w[p + "attn_output.weight"], pack, fmt)
-        self.ffn_norm = _frozen(w[p + "ffn_norm.weight"])
+        self.ffn_norm = frozen(w[p + "ffn_norm.weight"])
         # Gate and up projections fused the same way: [2 * hidden, dim].
         self.w13 = linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), pack, fmt)
         self.w2 = linear(w[p + "ffn_down.weight"], pack, fmt)
@@ -219,10 +168,10 @@ class LlamaModel(nn.Module):
         if config.n_heads % config.n_kv_heads:
             raise ValueError("n_heads must be a multiple of n_kv_heads")
         self.config = config
-        self.tok_embeddings = _frozen(weights["token_embd.weight"])
+        self.tok_embeddings = frozen(weights["token_embd.weight"])
         self.layers = nn.ModuleList(Block(config, weights, i, pack_weights, weight_format)
                                     for i in range(config.n_layers))
-        self.norm = _frozen(weights["output_norm.weight"])
+        self.norm = frozen(weights["output_norm.weight"])
         # Tied models project with the embedding matrix. Packing keeps a second
         # (packed) copy of it: +113 MB for SmolLM2 for a ~2x faster projection.
         self.output = linear(weights["token_embd.weight" if config.tie_embeddings
