@@ -118,5 +118,3 @@ def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat) -> nn.Module:
     if fmt is WeightFormat.BF16:
         return BF16Linear(weight)
     return Linear(weight, pack)
-
-
