@@ -140,7 +140,8 @@ class Block(nn.Module):
         cache_v[slots[:, None], :, positions] = v
         # Gather each row's key window (slice first so only `window` is copied). index_select
         # copies whole [K, W, D] blocks; advanced indexing (cache_k[...][slots]) went element by
-        # element on the CPU: a B=16 decode at 512 tokens of context took 259 ms with it, 106 with this.
+        # element on the CPU: a B=16 decode (TorchCore's thread, 2-vCPU VM) at 512 tokens of
+        # context took 132 ms with it and 109 with this, at 1,000 tokens 189 and 140.
         keys = cache_k[:, :, :window].index_select(0, slots)  # [B, K, W, D]
         values = cache_v[:, :, :window].index_select(0, slots)
 

@@ -92,9 +92,9 @@ class BF16Linear(nn.Module):
     """``y ~= x @ W.T`` with W and x rounded to bfloat16 and products summed in float32 (oneDNN's
     packed layout); returns float32, so the residual stream, norms and attention stay float32.
 
-    Measured on the 2-vCPU Xeon with AMX (one forward of SmolLM2, main thread): a B=1 decode 28.7
-    against 38.9 ms in float32 (half the weight bytes), B=16 70.8 against 87.4, a 256-token prefill
-    122 against 264 ms (AMX's bfloat16 tiles).
+    Measured on the 2-vCPU Xeon with AMX (bench/graph_profile.py, two threads): a B=1 decode 27.3
+    against 40.1 ms in float32 (half the weight bytes), B=16 50.2 against 79.2, a 256-token prefill
+    148 against 272 ms (AMX's bfloat16 tiles).
     """
 
     def __init__(self, weight: torch.Tensor):
