@@ -185,6 +185,8 @@ def run(args: argparse.Namespace) -> int:
     if capacity is not None:
         print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
     print(f"flare: {backend.describe_catalog()}", file=sys.stderr, flush=True)
+    if (engine := backend.describe_engine()) is not None:
+        print(f"flare: {engine}", file=sys.stderr, flush=True)
     if backend.warmup is not None:
         print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,

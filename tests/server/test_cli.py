@@ -220,3 +220,14 @@ def test_catalog_line_without_mixed_graphs():
     mixed = Catalog([GraphShape(GraphKind.DECODE, 2), GraphShape(GraphKind.MIXED, 2, 1, 0, 0, 64),
                      GraphShape(GraphKind.MIXED, 4, 1, 0, 0, 128)])
     assert describe_catalog(mixed).endswith("2 mixed; maximum packed extent 131 tokens")
+
+
+def test_cpu_engine_line_names_weights_threads_and_the_faster_format():
+    from helios.server.backend import describe_cpu_engine
+
+    assert describe_cpu_engine("fp32", 2, False) == \
+        "fp32 weights on up to 2 CPU threads (fewer while other processes use the CPUs)"
+    assert describe_cpu_engine("fp32", 1, True).endswith(
+        "1 CPU thread (fewer while other processes use the CPUs); this CPU multiplies bfloat16 natively: "
+        "--weights bf16 is about 1.5x faster (other tokens)")
+    assert "--weights bf16" not in describe_cpu_engine("bf16", 2, True)
