@@ -136,7 +136,7 @@ class PreparedGraph:
         hold work (see `active`)."""
         if self.captures:
             # The smallest captured window that holds every row's positions (the padded tail too).
-            window = next(w for w in sorted(self.captures) if w >= self._used[2])
+            window = next(w for w in self.captures if w >= self._used[2])  # keys ascend (capture)
             graph, out = self.captures[window]
             graph.replay()
             return out
@@ -204,7 +204,7 @@ class PreparedGraph:
             return False
         finally:
             self._kv_window = None
-        self.captures = captures
+        self.captures = dict(sorted(captures.items()))  # ascending windows: forward takes the first that fits
         return True
 
 

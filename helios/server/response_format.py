@@ -1,4 +1,4 @@
-"""OpenAI's `response_format` (chat completions): `text`, `json_object` (any JSON object) or
+"""OpenAI's `response_format` (chat, and completions as in vLLM): `text`, `json_object` (any JSON object) or
 `json_schema` (JSON matching the given schema), turned into the core's grammar option
 (helios.engine.grammar), with a 400 naming what is wrong."""
 
