@@ -1,7 +1,7 @@
 """Structured output: a request's grammar masks the tokens it may emit (llguidance).
 
 A request attaches with GRAMMAR_OPTION, a grammar in llguidance's serialized form (from
-`json_schema_grammar`). Its Constraint follows the committed output: every sampled position
+`json_schema_grammar` or `text_grammar`). Its Constraint follows the committed output: every sampled position
 allows only tokens that keep the output a prefix of the grammar's language, and once the
 grammar is complete only EOS. Speculation stays lossless because a constrained request is
 offered no drafts: its rounds verify the pending token alone.
@@ -23,18 +23,35 @@ GRAMMAR_OPTION = "grammar"
 JSON_LAYOUT = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
-def json_schema_grammar(schema: dict | None) -> str:
+def json_schema_grammar(schema: dict | None, whitespace_pattern: str | None = None) -> str:
     """The grammar of JSON text matching `schema` (None: any JSON object, OpenAI's json_object
-    mode). Raises InvalidRequest with llguidance's reason when the schema cannot be compiled."""
+    mode), in JSON_LAYOUT unless `whitespace_pattern` (a regex) says what whitespace may separate
+    tokens. Raises InvalidRequest with llguidance's reason when the schema cannot be compiled."""
+    layout = JSON_LAYOUT if whitespace_pattern is None else {"whitespace_flexible": True,
+                                                             "whitespace_pattern": whitespace_pattern}
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            {"type": "object"} if schema is None else schema,
-            defaults=JSON_LAYOUT)
+            {"type": "object"} if schema is None else schema, defaults=layout)
     except (ValueError, TypeError) as exc:
         raise InvalidRequest(f"invalid JSON schema: {exc}") from None
+    return _checked(grammar, "JSON schema")
+
+
+def text_grammar(kind: str, source: str | list[str]) -> str:
+    """The grammar of a regular expression (kind "regex"), of exactly one of a list of strings
+    ("choice"), or of a context-free grammar in Lark or llama.cpp's GBNF syntax ("grammar"). Raises
+    InvalidRequest with llguidance's reason when it cannot be compiled."""
+    try:
+        grammar = llguidance.grammar_from(kind, source)
+    except (ValueError, TypeError) as exc:
+        raise InvalidRequest(f"invalid {kind}: {exc}") from None
+    return _checked(grammar, kind)
+
+
+def _checked(grammar: str, what: str) -> str:
     error = llguidance.LLMatcher.validate_grammar(grammar)
     if error:
-        raise InvalidRequest(f"invalid JSON schema: {error}")
+        raise InvalidRequest(f"invalid {what}: {error}")
     return grammar
 
 

@@ -23,6 +23,7 @@ from helios.server.metrics import CONTENT_TYPE, ServerMetrics
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from helios.server.responses import Choices, collect, events
 from helios.server.sse import EventStreamResponse, Formatter
+from helios.server.structured_outputs import grammar_param
 from helios.server.translate import Prepared, prepare_chat, prepare_completion
 
 
@@ -217,8 +218,9 @@ async def _serve(request: Request, service: Service, req, chat: bool):
                                            backend.vocab_size)
     if not getattr(backend.core, "grammars", False) and any(
             GRAMMAR_OPTION in c.params.core_options for c in prepared.choices):
-        raise APIError(400, "response_format needs the torch engine on one rank (this server's core cannot "
-                            "constrain its output)", param="response_format", code="unsupported_parameter")
+        param = grammar_param(req)
+        raise APIError(400, f"{param} needs the torch engine on one rank (this server's core cannot "
+                            "constrain its output)", param=param, code="unsupported_parameter")
     choices = service.submit(prepared, chat)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)

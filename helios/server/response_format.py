@@ -22,7 +22,7 @@ def response_grammar(response_format: dict | None) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return _grammar(None, PARAM)
+        return schema_grammar(None, PARAM)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):
@@ -32,20 +32,21 @@ def response_grammar(response_format: dict | None) -> str | None:
         if schema is not None and not isinstance(schema, dict):
             raise APIError(400, "response_format.json_schema.schema must be a JSON object",
                            param=f"{PARAM}.json_schema.schema", code="invalid_value")
-        return _grammar(schema, f"{PARAM}.json_schema.schema")
+        return schema_grammar(schema, f"{PARAM}.json_schema.schema")
     raise APIError(400, f"response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {kind!r}",
                    param=f"{PARAM}.type", code="invalid_value")
 
 
-def _grammar(schema: dict | None, param: str) -> str:
+def schema_grammar(schema: dict | None, param: str, whitespace_pattern: str | None = None) -> str:
+    """The grammar of JSON matching `schema` (None: any object); a 400 naming `param` if it cannot compile."""
     try:
-        return _compiled(json.dumps(schema, sort_keys=True))
+        return _compiled(json.dumps(schema, sort_keys=True), whitespace_pattern)
     except InvalidRequest as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(schema_json: str) -> str:
+def _compiled(schema_json: str, whitespace_pattern: str | None) -> str:
     # Clients tend to send one schema with every request (and a batch of completion prompts shares
     # one), so each distinct schema is compiled once.
-    return json_schema_grammar(json.loads(schema_json))
+    return json_schema_grammar(json.loads(schema_json), whitespace_pattern)

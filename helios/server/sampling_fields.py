@@ -1,6 +1,7 @@
 """The sampling fields both endpoints share, checked and turned into SamplingParams: n, the
 ranges of temperature, top_p, penalties, top_k, seed and stop, logit_bias, logprobs, and vLLM's
-stopping extensions and response_format (passed to the core as attach options)."""
+stopping extensions and the output constraint (response_format, structured_outputs or guided_*, passed
+to the core as attach options)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from helios.engine.grammar import GRAMMAR_OPTION
 from helios.engine.sampling import REPETITION_PENALTY_RANGE
 from helios.runtime.stream import SamplingParams
 from helios.server.errors import APIError
-from helios.server.response_format import response_grammar
+from helios.server.structured_outputs import request_grammar
 from helios.server.schemas import ChatCompletionRequest
 
 MAX_STOPS = 4  # OpenAI's limit
@@ -109,12 +110,12 @@ def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
             options["min_tokens"] = req.min_tokens
     if req.logit_bias:
         options["logit_bias"] = _logit_bias(req.logit_bias, vocab_size)
-    grammar = response_grammar(req.response_format)
+    grammar, param = request_grammar(req)
     if grammar is not None:
         if req.ignore_eos or req.min_tokens:
             # The grammar ends the output with EOS, which these would forbid.
-            raise APIError(400, "response_format cannot be combined with ignore_eos or min_tokens",
-                           param="response_format", code="invalid_value")
+            raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param,
+                           code="invalid_value")
         options[GRAMMAR_OPTION] = grammar
     if req.stop_token_ids:
         bad = next((t for t in req.stop_token_ids if vocab_size is not None and not 0 <= t < vocab_size), None)

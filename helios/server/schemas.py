@@ -73,6 +73,21 @@ class ChatMessage(_Strict):
     tool_call_id: str | None = None
 
 
+class StructuredOutputs(_Strict):
+    """vLLM's `structured_outputs` (helios.server.structured_outputs): one constraint, with options."""
+
+    json_schema: dict[str, Any] | str | None = Field(default=None, alias="json")  # a schema, or its JSON text
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None  # Lark or llama.cpp GBNF
+    json_object: bool | None = None
+    whitespace_pattern: str | None = None
+    disable_any_whitespace: bool = False
+    disable_additional_properties: bool = False
+    disable_fallback: bool = False
+    structural_tag: Any = None  # refused by name
+
+
 class _Sampling(_Strict):
     """Fields shared by completions and chat completions."""
 
@@ -87,6 +102,14 @@ class _Sampling(_Strict):
     stream: NullAsFalse = False
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None  # chat, and completions as in vLLM (response_format.py)
+    # vLLM's structured outputs, and the guided_* fields vLLM 0.12 removed (structured_outputs.py)
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None

@@ -1,7 +1,8 @@
 """From a validated OpenAI request to what the runtime takes: prompt token ids and SamplingParams.
 
 Every option this server cannot honour is rejected here with a 400 that names the parameter;
-nothing is silently ignored except `name` on chat messages and `parallel_tool_calls`.
+nothing is silently ignored except `name` on chat messages, `parallel_tool_calls` and vLLM's
+`guided_decoding_backend` (one backend, llguidance, serves every structured output).
 """
 
 from __future__ import annotations
