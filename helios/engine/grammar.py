@@ -57,7 +57,7 @@ def _checked(grammar: str, what: str) -> str:
 
 def grammar_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     """llguidance's view of a helios Tokenizer (its HF `tokenizers` model and EOS). Building it
-    takes about 0.3 s for SmolLM2, so a core builds it once, on its first constrained request."""
+    takes about 0.3 s for SmolLM2, so a core builds it once (TorchCore.prepare_grammars)."""
     return llguidance.LLTokenizer(tokenizer.hf_json(), n_vocab=vocab_size, eos_token=tokenizer.eos_id)
 
 

@@ -158,6 +158,8 @@ def build_backend(options: EngineOptions) -> Backend:
     scheduler = _scheduler(options, core.catalog, policy, _with_preemption(options, core.scheduler_config()))
     # Steady-state timings of every prepared graph seed the cost table (helios.server.warmup).
     report = warm_up(scheduler, core) if options.warmup and options.engine == "torch" else None
+    if getattr(core, "grammars", False):
+        core.prepare_grammars()  # before serving, not in line with the first constrained request's frames
     return Backend(scheduler, core, core.tokenizer, model_id, core.max_context, options.slots,
                    core.tokenizer.vocab_size, options, report)
 

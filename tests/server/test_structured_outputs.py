@@ -14,6 +14,7 @@ Rules tested:
   regex, grammar and schema text (lone surrogates included) never raises anything but that 400;
 - guided_decoding_backend is accepted and changes nothing;
 - a core that cannot constrain output refuses with a 400 naming the field that asked;
+- the server builds llguidance's tokenizer before serving;
 - with the real model and the openai client, guided_choice answers exactly one choice, a regex
   answer matches the regex, a GBNF grammar is followed (streamed too), and guided_json parses.
 """
@@ -154,6 +155,11 @@ def test_a_core_without_grammars_refuses_naming_the_field_that_asked(client):  #
         r = client.post("/v1/chat/completions", json={"messages": ASK, "max_tokens": 4, **fields})
         assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
         assert "torch engine" in r.json()["error"]["message"]
+
+
+def test_the_server_prepares_grammars_before_its_first_constrained_request(real):  # noqa: F811
+    # llguidance's tokenizer (0.3 s) is built at startup, not on the engine thread in line with frames.
+    assert real.app.state.service.backend.core._lltokenizer is not None
 
 
 def test_the_real_model_follows_each_constraint(real):  # noqa: F811
