@@ -1,4 +1,4 @@
-"""Golden tests of the Llama forward: a known answer, batching/padding, chunked prefill."""
+"""Golden tests of the Llama forward: a known answer, batching/padding, chunked prefill, the KV row gather."""
 
 import pytest
 import torch
@@ -103,3 +103,23 @@ def test_chunked_prefill_matches_one_shot(model_and_tok):
                  logits_at=torch.tensor([n - split - 1, 0]))
     assert last.shape == (2, 1, model.config.vocab_size)
     torch.testing.assert_close(last[0, 0], ref[0, -1], atol=1e-4, rtol=0)
+
+
+def test_kv_rows_match_index_select_and_reuse_one_buffer(model_and_tok):
+    # KVCache.rows copies a layer's key/value windows into buffers the cache keeps (a fresh
+    # 10-100 MB tensor per layer and step costs page faults); the values must be index_select's.
+    model, _ = model_and_tok
+    cache = KVCache(model.config, num_slots=6, max_context=256)
+    torch.manual_seed(0)
+    cache.k.copy_(torch.randn_like(cache.k))
+    cache.v.copy_(torch.randn_like(cache.v))
+    pointers = set()
+    for slots, window, layer in (([3, 0, 5], 128, 0), ([1], 64, 7), ([2, 2, 4, 0, 1, 3], 256, 29), ([5, 1], 192, 3)):
+        index = torch.tensor(slots)
+        keys, values = cache.rows(layer, index, window)
+        assert torch.equal(keys, cache.k[layer][:, :, :window].index_select(0, index))
+        assert torch.equal(values, cache.v[layer][:, :, :window].index_select(0, index))
+        assert keys.shape == (len(slots), model.config.n_kv_heads, window, model.config.head_dim)
+        pointers.add(keys.data_ptr())
+    # The buffer grew once (to the 6-row, 256-key gather) and was reused by every smaller one.
+    assert len(pointers) == 2

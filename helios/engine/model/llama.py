@@ -47,6 +47,30 @@ class KVCache:
         # token and slot for SmolLM2 (377 MB per slot at the full 8k context).
         self.k = _zeros(shape)
         self.v = _zeros(shape)
+        self._rows: tuple[torch.Tensor, torch.Tensor] | None = None  # rows()'s reused destinations
+
+    def rows(self, layer: int, slots: torch.Tensor, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer `layer`'s keys and values of rows `slots` up to `window`: two [B, K, window, D]
+        tensors, valid until the next call (layers attend one at a time).
+
+        On the CPU they are copied into buffers this cache keeps, grown to the largest gather so far.
+        A fresh tensor per layer and step is 10-100 MB that the allocator maps and the kernel
+        faults in page by page: a B=16 decode at 1,000 tokens of context took 216-334 ms with
+        fresh tensors and 100-124 ms with these (2-vCPU VM, on a worker thread as TorchCore runs).
+        index_select copies whole [K, window, D] blocks; advanced indexing went element by element.
+        """
+        cache_k, cache_v = self.k[layer], self.v[layer]
+        if cache_k.device.type != "cpu":  # CUDA's caching allocator reuses its blocks already
+            return (cache_k[:, :, :window].index_select(0, slots),
+                    cache_v[:, :, :window].index_select(0, slots))
+        _, K, _, D = cache_k.shape
+        n = slots.numel() * K * window * D
+        if self._rows is None or self._rows[0].numel() < n:
+            self._rows = (torch.empty(n, dtype=cache_k.dtype), torch.empty(n, dtype=cache_v.dtype))
+        shape = (slots.numel(), K, window, D)
+        keys = torch.index_select(cache_k[:, :, :window], 0, slots, out=self._rows[0][:n].view(shape))
+        values = torch.index_select(cache_v[:, :, :window], 0, slots, out=self._rows[1][:n].view(shape))
+        return keys, values
 
     @property
     def scratch_slot(self) -> int:
@@ -122,7 +146,7 @@ class Block(nn.Module):
         self.attn_reduce = None
         self.mlp_reduce = None
 
-    def forward(self, x, cos, sin, mask, slots, positions, cache_k, cache_v, window):
+    def forward(self, x, cos, sin, mask, slots, positions, cache, layer, window):
         c = self.config
         B, L, _ = x.shape
         H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
@@ -136,14 +160,9 @@ class Block(nn.Module):
 
         # Write this step's K/V: cache_k[slot, :, pos] <- [K, D] for each
         # (row, token). Advanced indices on dims 0 and 2 put [B, L] first.
-        cache_k[slots[:, None], :, positions] = k.transpose(1, 2)
-        cache_v[slots[:, None], :, positions] = v
-        # Gather each row's key window (slice first so only `window` is copied). index_select
-        # copies whole [K, W, D] blocks; advanced indexing (cache_k[...][slots]) went element by
-        # element on the CPU: a B=16 decode (TorchCore's thread, 2-vCPU VM) at 512 tokens of
-        # context took 132 ms with it and 109 with this, at 1,000 tokens 189 and 140.
-        keys = cache_k[:, :, :window].index_select(0, slots)  # [B, K, W, D]
-        values = cache_v[:, :, :window].index_select(0, slots)
+        cache.k[layer][slots[:, None], :, positions] = k.transpose(1, 2)
+        cache.v[layer][slots[:, None], :, positions] = v
+        keys, values = cache.rows(layer, slots, window)  # [B, K, W, D] each
 
         # GQA without repeating K/V: query head h uses KV head h // G, so fold
         # the G query heads of a KV head into the query axis: [B, K, G*L, D].
@@ -217,7 +236,7 @@ class LlamaModel(nn.Module):
         mask = mask[:, None].expand(B, G, L, kv_window).reshape(B, 1, G * L, kv_window)
 
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, mask, slots, positions, cache.k[i], cache.v[i], kv_window)
+            x = layer(x, cos, sin, mask, slots, positions, cache, i, kv_window)
         if logits_at is not None:
             x = x[torch.arange(B, device=x.device), logits_at][:, None]  # [B, 1, dim]
         return self.output(rms_norm(x, self.norm, self.config.norm_eps))

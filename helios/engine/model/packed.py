@@ -60,14 +60,13 @@ class ShortRows:
         src = real.flatten().nonzero().flatten()
         return cls(gather, slots, window, mask, src, gather.flatten()[src])
 
-    def attend(self, q: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor, out: torch.Tensor, G: int) -> None:
+    def attend(self, q: torch.Tensor, cache: KVCache, layer: int, out: torch.Tensor, G: int) -> None:
         H, _, D = q.shape
         R, L = self.gather.shape
         K = H // G
         # GQA as in Block.forward: [R, H, L, D] -> [R, K, G * L, D].
         qs = q[:, self.gather].permute(1, 0, 2, 3).reshape(R, K, G * L, D)
-        keys = cache_k[:, :, :self.window].index_select(0, self.slots)  # [R, K, window, D], as Block.forward
-        values = cache_v[:, :, :self.window].index_select(0, self.slots)
+        keys, values = cache.rows(layer, self.slots, self.window)  # [R, K, window, D], as Block.forward
         o = F.scaled_dot_product_attention(qs, keys, values, attn_mask=self.mask)
         o = o.reshape(R, H, L, D).permute(1, 0, 2, 3).reshape(H, R * L, D)
         out[:, self.dst] = o[:, self.src]
@@ -75,14 +74,15 @@ class ShortRows:
 
 def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor,
                  slots_per_token: torch.Tensor, rows: list[tuple[int, int, int, int, torch.Tensor]],
-                 short: ShortRows | None, cache_k: torch.Tensor, cache_v: torch.Tensor) -> torch.Tensor:
-    """One layer over packed tokens x [1, T, dim]. `rows`: (offset, length, slot, key window,
+                 short: ShortRows | None, cache: KVCache, index: int) -> torch.Tensor:
+    """Layer `index` over packed tokens x [1, T, dim]. `rows`: (offset, length, slot, key window,
     attention mask [1, G * length, window]) of each row attended alone; `short`: the batched ones."""
     c = layer.config
     T = x.shape[1]
     H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
     G = H // K
 
+    cache_k, cache_v = cache.k[index], cache.v[index]
     q, k, v = layer.wqkv(rms_norm(x, layer.attn_norm, c.norm_eps)).split([H * D, K * D, K * D], dim=-1)
     q = apply_rope(q.view(1, T, H, D).transpose(1, 2), cos, sin)[0]  # [H, T, D]
     k = apply_rope(k.view(1, T, K, D).transpose(1, 2), cos, sin)[0]  # [K, T, D]
@@ -99,7 +99,7 @@ def packed_block(layer: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Te
         qs = q[:, off:off + n].reshape(K, G * n, D)
         out[:, off:off + n] = F.scaled_dot_product_attention(qs, keys, values, attn_mask=mask).reshape(H, n, D)
     if short is not None:
-        short.attend(q, cache_k, cache_v, out, G)
+        short.attend(q, cache, index, out, G)
     o = layer.wo(out.transpose(0, 1).reshape(1, T, H * D))
     x = x + (o if layer.attn_reduce is None else layer.attn_reduce(o))
 
@@ -156,6 +156,6 @@ def packed_forward(model: LlamaModel, tokens: torch.Tensor, positions: torch.Ten
     cos = model.rope_cos[positions][None, None]  # [1, 1, T, D]
     sin = model.rope_sin[positions][None, None]
     for i, layer in enumerate(model.layers):
-        x = packed_block(layer, x, cos, sin, positions, per_token, rows, grouped, cache.k[i], cache.v[i])
+        x = packed_block(layer, x, cos, sin, positions, per_token, rows, grouped, cache, i)
     x = x[0] if every_position else x[0, logits_at]  # [B, S, dim]: only the positions that sample
     return model.output(rms_norm(x, model.norm, model.config.norm_eps))
