@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 from helios.engine.model import LlamaModel, Tokenizer, load_weights
+from helios.engine.cpu_threads import TorchThread
 from helios.engine.torch_core import LoadedModel, TorchCore
 from helios.errors import ConfigError
 
@@ -76,15 +77,23 @@ class Collectives:
 def build_rank_core(rank: int, world: int, model_path, device, core_kwargs: dict):
     """Load the checkpoint, keep this rank's shard, and wrap it in an ordinary TorchCore."""
     device = torch.device(device)
+    coll = Collectives()
+    # On the CPU the shard is built on the thread that will run it: a thread that starts an OpenMP
+    # region gets a pool of its own, and two pools in one process throttle each other (cpu_threads).
+    thread = TorchThread(core_kwargs.get("num_threads")) if device.type == "cpu" else None
+    build = lambda: _load_shard(rank, world, model_path, device, coll)  # noqa: E731
+    loaded = build() if thread is None else thread.call(build)
+    return TorchCore(loaded=loaded, device=device, torch_thread=thread, **core_kwargs), coll
+
+
+def _load_shard(rank: int, world: int, model_path, device, coll: Collectives) -> LoadedModel:
     config, weights = load_weights(model_path)
     local, shard = shard_weights(config, weights, rank, world)
     del weights
     model = LlamaModel(local, shard, pack_weights=device.type == "cpu").to(device).eval()
     del shard
-    coll = Collectives()
     if world > 1:
         for block in model.layers:
             block.attn_reduce = coll.all_reduce
             block.mlp_reduce = coll.all_reduce
-    loaded = LoadedModel(local, model, Tokenizer.from_gguf(model_path), device)
-    return TorchCore(loaded=loaded, device=device, **core_kwargs), coll
+    return LoadedModel(local, model, Tokenizer.from_gguf(model_path), device)

@@ -92,13 +92,18 @@ class TorchCore:
                  widths: Sequence[int] = (1, 2, 4), speculative_token_capacity: int = 16,
                  num_threads: int | None = None, device: str | torch.device = "cpu",
                  loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32,
+                 torch_thread: TorchThread | None = None,
                  mixed_prefill: bool = False, checkpoint_memory: int = 0, mixed_prompt_steps: int = PROMPT_STEPS,
                  mixed_prompt_capacity: int | None = None, scored_prefill: bool = False):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
         # On the CPU every model call runs on one thread, with a governed thread count (cpu_threads).
-        self.torch_thread = TorchThread(num_threads) if torch.device(device).type == "cpu" else None
+        # A caller that built `loaded` on a TorchThread passes that thread, so the process keeps one
+        # OpenMP pool (helios.engine.sharding does, for a tensor-parallel shard).
+        if torch_thread is None and torch.device(device).type == "cpu":
+            torch_thread = TorchThread(num_threads)
+        self.torch_thread = torch_thread
         self.loaded = loaded or self._on_torch(load_model, model_path, device, weights)
         self.device = self.loaded.device
         self.config, self.model, self.tokenizer = self.loaded.config, self.loaded.model, self.loaded.tokenizer

@@ -1,5 +1,5 @@
 """helios.engine.cpu_threads: one torch thread for every model call, and a thread count that
-follows the CPUs other processes leave free."""
+follows the CPUs other processes leave free; a tensor-parallel shard is built on its torch thread."""
 
 import os
 import sys
@@ -148,3 +148,18 @@ def test_torch_core_runs_every_graph_on_its_torch_thread(loaded):
     assert len(ran_on) == 3 and set(ran_on) == {core.torch_thread.call(threading.get_ident)}
     assert threading.get_ident() not in ran_on
     assert len(core.requests[1].generated) == 2
+
+
+def test_a_tensor_parallel_shard_is_built_on_the_thread_that_runs_it(monkeypatch):
+    # A thread that starts an OpenMP region gets its own pool: the shard's weights are packed on
+    # the torch thread its TorchCore then runs on, so a rank process keeps one pool.
+    from helios.engine import sharding
+
+    built_on = []
+    load = sharding._load_shard
+    monkeypatch.setattr(sharding, "_load_shard", lambda *a: (built_on.append(threading.get_ident()), load(*a))[1])
+    core, _ = sharding.build_rank_core(0, 1, None, "cpu", dict(request_slots=1, max_batch=1, max_context=128,
+                                                               prefill_chunks=(64,)))
+    ran_on = core.torch_thread.call(threading.get_ident)
+    core.time_graph(GraphShape(GraphKind.DECODE, 1), 16)
+    assert built_on == [ran_on] and ran_on != threading.get_ident()
