@@ -25,8 +25,8 @@ REPETITION_PENALTY_RANGE = (1e-6, 1e6)
 
 @dataclass(frozen=True, slots=True)
 class SamplingOptions:
-    """temperature 0 is greedy; top_k 0 and top_p 1 disable those filters; penalties 0, 0 and 1
-    are off (see `penalize`)."""
+    """temperature 0 is greedy; top_k 0, top_p 1 and min_p 0 disable those filters; penalties 0, 0
+    and 1 are off (see `penalize`)."""
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -36,6 +36,7 @@ class SamplingOptions:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (vLLM's)
 
     @property
     def greedy(self) -> bool:
@@ -49,7 +50,7 @@ class SamplingOptions:
 
     @classmethod
     def of(cls, temperature=None, top_p=None, top_k=None, seed=None, presence_penalty=None, frequency_penalty=None,
-           repetition_penalty=None, logit_bias=None, vocab_size: int | None = None) -> SamplingOptions:
+           repetition_penalty=None, logit_bias=None, min_p=None, vocab_size: int | None = None) -> SamplingOptions:
         """Validate attach() options; None means the default (greedy, no filters, random seed,
         no penalties, no bias). `logit_bias` maps token ids (below `vocab_size` when given) to
         biases in [-100, 100], OpenAI's range."""
@@ -61,6 +62,7 @@ class SamplingOptions:
 
         t = 0.0 if temperature is None else number("temperature", temperature, 0.0, 1e4)
         p = 1.0 if top_p is None else number("top_p", top_p, 0.0, 1.0)
+        floor = 0.0 if min_p is None else number("min_p", min_p, 0.0, 1.0)
         for name, v in (("top_k", top_k), ("seed", seed)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
@@ -78,7 +80,7 @@ class SamplingOptions:
                 raise InvalidRequest(f"logit_bias keys must be token ids in [0, {vocab_size}), got {token!r}")
             bias.append((token, number(f"logit_bias[{token}]", b, -100.0, 100.0)))
         # top_k <= 0 disables the filter (OpenAI-style -1 included).
-        return cls(t, p, max(0, top_k or 0), seed, presence, frequency, repetition, tuple(sorted(bias)))
+        return cls(t, p, max(0, top_k or 0), seed, presence, frequency, repetition, tuple(sorted(bias)), floor)
 
     def generator(self) -> torch.Generator:
         """This request's CPU generator, seeded from `seed` (a random seed when absent)."""
@@ -128,7 +130,7 @@ def token_logprobs(logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob
 
 
 def probabilities(logits: torch.Tensor, options: SamplingOptions) -> torch.Tensor:
-    """The target distribution p for one row of logits [V]: temperature, top-k, then top-p
+    """The target distribution p for one row of logits [V]: temperature, min-p, top-k, then top-p
     (nucleus: the smallest set of most likely tokens whose mass reaches top_p; never empty)."""
     x = logits.detach().float().cpu()
     if options.greedy:  # a point mass on the argmax (ties: the lowest id, like argmax)
@@ -136,6 +138,10 @@ def probabilities(logits: torch.Tensor, options: SamplingOptions) -> torch.Tenso
         p[int(x.argmax())] = 1.0
         return p
     x = x / options.temperature
+    if options.min_p > 0.0:
+        # p_i < min_p * p_max  <=>  x_i < x_max + ln(min_p), on the tempered logits (vLLM's order:
+        # before top-k and top-p). The most likely token always stays.
+        x = x.masked_fill(x < x.max() + math.log(options.min_p), -math.inf)
     if 0 < options.top_k < x.numel():
         kth = torch.topk(x, options.top_k).values[-1]
         x = x.masked_fill(x < kth, -math.inf)

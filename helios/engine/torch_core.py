@@ -44,7 +44,7 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
 
-SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty",
+SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
                     "repetition_penalty", "logit_bias")
 # A guarded checkpoint match (CheckpointStore.match) to restore before the suffix is prefilled.
 RESTORE_OPTION = "checkpoint"

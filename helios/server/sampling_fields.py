@@ -26,7 +26,7 @@ def check_shared(req) -> int:
         raise APIError(400, "stream_options is only allowed when stream is true", param="stream_options",
                        code="invalid_value")
     checks = (("temperature", req.temperature, 0.0, 2.0), ("top_p", req.top_p, 0.0, 1.0),
-              ("presence_penalty", req.presence_penalty, -2.0, 2.0),
+              ("min_p", req.min_p, 0.0, 1.0), ("presence_penalty", req.presence_penalty, -2.0, 2.0),
               ("frequency_penalty", req.frequency_penalty, -2.0, 2.0))
     for name, v, low, high in checks:
         if v is not None and not low <= v <= high:
@@ -95,11 +95,11 @@ def sampling_params(req, max_tokens: int, request_id: str, vocab_size: int | Non
 
 
 def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
-    """Penalties, vLLM's stopping extensions and a response format's grammar, for the core
+    """Penalties, min_p, vLLM's stopping extensions and the output constraint's grammar, for the core
     (TorchCore honours them; see docs/server.md); a value that changes nothing is left out."""
     options: dict = {name: float(v) for name, v, off in (
         ("presence_penalty", req.presence_penalty, 0), ("frequency_penalty", req.frequency_penalty, 0),
-        ("repetition_penalty", req.repetition_penalty, 1)) if v is not None and v != off}
+        ("repetition_penalty", req.repetition_penalty, 1), ("min_p", req.min_p, 0)) if v is not None and v != off}
     if req.ignore_eos:
         options["ignore_eos"] = True
     if req.min_tokens is not None:

@@ -96,6 +96,7 @@ class _Sampling(_Strict):
     temperature: float | None = _finite(minimum=0, maximum=2)
     top_p: float | None = _finite(minimum=0, maximum=1)
     top_k: int | None = _int(minimum=-1)
+    min_p: float | None = _finite(minimum=0, maximum=1)  # vLLM extension
     seed: int | None = _int(minimum=0, maximum=2**63 - 1)
     stop: str | list[str] | None = Field(default=None, json_schema_extra={"maxItems": 4})
     n: int | None = _int(minimum=1, maximum=128)

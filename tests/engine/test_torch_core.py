@@ -198,3 +198,14 @@ def test_seeded_sampling_is_reproducible_alone_and_batched(loaded):
     assert alone == again == batched[0] == batched[2]
     others = {tuple(generate(core, [prompt], 6, temperature=2.0, seed=s)[0][0]) for s in (1, 2)}
     assert len(others) > 1  # the seed matters
+
+
+def test_min_p_of_one_samples_only_the_most_likely_token(loaded):
+    # min_p = 1 keeps only tokens as likely as the top one: hot sampling then follows greedy.
+    core = make_core(loaded)
+    prompt = chat(core.tokenizer, "Tell me a short story about a robot.")
+    (greedy,), _ = generate(core, [prompt], 8)
+    hot = [generate(core, [prompt], 8, temperature=2.0, seed=s, min_p=1.0)[0][0] for s in (1, 2, 3)]
+    assert all(h == greedy for h in hot)
+    assert {tuple(generate(core, [prompt], 8, temperature=2.0, seed=s, min_p=0.0)[0][0]) for s in (1, 2)} != {
+        tuple(greedy)}  # without it the same seeds wander

@@ -26,7 +26,8 @@ def test_options_defaults_and_validation():
                 dict(seed="x"), dict(seed=-1), dict(temperature=True), dict(presence_penalty=2.5),
                 dict(frequency_penalty=-2.01), dict(repetition_penalty=0), dict(repetition_penalty=-1.0),
                 dict(presence_penalty=math.inf), dict(logit_bias={1: 101}), dict(logit_bias={-1: 1.0}),
-                dict(logit_bias={8: 1.0}, vocab_size=8), dict(logit_bias={"1": 1.0})):
+                dict(logit_bias={8: 1.0}, vocab_size=8), dict(logit_bias={"1": 1.0}), dict(min_p=1.01),
+                dict(min_p=-0.1), dict(min_p=math.nan), dict(min_p=True)):
         with pytest.raises(InvalidRequest):
             SamplingOptions.of(**bad)
     assert not SamplingOptions.of(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1).penalized
@@ -88,6 +89,31 @@ def test_temperature_top_k_and_top_p_masks():
     assert int((probabilities(LOGITS, SamplingOptions(1.0, top_p=0.0)) > 0).sum()) == 1
     both = probabilities(LOGITS, SamplingOptions(1.0, top_p=0.99, top_k=2))
     assert int((both > 0).sum()) == 2
+
+
+@given(logits=st.lists(st.floats(-20, 20, width=32), min_size=8, max_size=8), min_p=st.floats(0.0, 1.0),
+       temperature=st.floats(0.1, 3.0), top_p=st.sampled_from([1.0, 0.9, 0.5]), top_k=st.integers(0, 8))
+def test_min_p_keeps_exactly_the_tokens_at_least_min_p_times_as_likely_as_the_top(logits, min_p, temperature,
+                                                                                    top_p, top_k):
+    # vLLM's order: temperature, then min-p, then top-k and top-p on what is left.
+    x = torch.tensor(logits) / temperature
+    alone = probabilities(torch.tensor(logits), SamplingOptions(temperature, min_p=min_p))
+    full = torch.softmax(x.double(), -1)
+    # Kept by enumeration, with a margin for float32 at the boundary p_i = min_p * p_max (and above
+    # what float32's softmax can hold: a kept token may still underflow to probability 0).
+    sure = [i for i in range(8) if full[i] >= min_p * full.max() * (1 + 1e-4) and full[i] > 1e-30]
+    dropped = [i for i in range(8) if full[i] < min_p * full.max() * (1 - 1e-4)]
+    assert all(alone[i] > 0 for i in sure) and all(alone[i] == 0 for i in dropped)
+    assert alone[int(full.argmax())] > 0 and math.isclose(float(alone.sum()), 1, rel_tol=1e-5)
+    kept = alone > 0
+    assert torch.allclose(alone[kept].double(), torch.softmax(x[kept].double(), -1), atol=1e-5)
+    # Top-k and top-p then apply to the min-p survivors, as if the others were never there.
+    both = probabilities(torch.tensor(logits), SamplingOptions(temperature, top_p=top_p, top_k=top_k, min_p=min_p))
+    masked = torch.tensor(logits).masked_fill(~kept, -math.inf)
+    assert torch.equal(both > 0, probabilities(masked, SamplingOptions(temperature, top_p=top_p, top_k=top_k)) > 0)
+    assert SamplingOptions.of(min_p=0).min_p == 0 and torch.equal(
+        probabilities(torch.tensor(logits), SamplingOptions(temperature, min_p=0.0)),
+        probabilities(torch.tensor(logits), SamplingOptions(temperature)))
 
 
 def test_row_masks_greedy_rows_and_seeded_generators():

@@ -219,6 +219,8 @@ BAD_COMPLETIONS = [
     ({"prompt": "x", "temperature": 2.5}, "temperature"),
     ({"prompt": "x", "temperature": None, "top_p": 1.5}, "top_p"),
     ({"prompt": "x", "top_k": -2}, "top_k"),
+    ({"prompt": "x", "min_p": 1.5}, "min_p"),
+    ({"prompt": "x", "min_p": -0.1}, "min_p"),
     ({"prompt": "x", "seed": -1}, "seed"),
     ({"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}, "stop"),
     ({"prompt": "x", "stop": [""]}, "stop"),

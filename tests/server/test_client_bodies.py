@@ -106,10 +106,12 @@ NULL_CHAT = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
     "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "store", "metadata",
     "service_tier", "presence_penalty", "frequency_penalty", "logit_bias", "max_completion_tokens", "logprobs",
     "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
-    "function_call", "modalities", "audio", "prediction", "reasoning_effort", "repetition_penalty"))}
+    "function_call", "modalities", "audio", "prediction", "reasoning_effort", "repetition_penalty", "min_p", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "guided_whitespace_pattern", "guided_decoding_backend"))}
 NULL_TEXT = {"prompt": PROMPT, "max_tokens": 4, **dict.fromkeys((
     "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "echo", "suffix",
-    "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty"))}
+    "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_p", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+    "guided_whitespace_pattern", "guided_decoding_backend"))}
 
 
 @pytest.mark.parametrize("path,body", [("/v1/chat/completions", NULL_CHAT), ("/v1/completions", NULL_TEXT)],
@@ -157,6 +159,14 @@ def test_tool_messages_and_missing_content_get_a_400_naming_them(client, message
 def test_bad_vllm_fields_get_a_400(client, extra, param):
     r = client.post("/v1/chat/completions", json={**GUIDELLM_CHAT, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_min_p_reaches_the_core_and_zero_is_left_out():
+    from helios.server.sampling_fields import sampling_params
+    from helios.server.schemas import CompletionRequest
+
+    assert sampling_params(CompletionRequest(prompt="x", min_p=0.05), 4, "r", 256).core_options == {"min_p": 0.05}
+    assert sampling_params(CompletionRequest(prompt="x", min_p=0.0), 4, "r", 256).core_options == {}
 
 
 # ---- the stopping extensions on the real model ---------------------------------------------------
