@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic.json_schema import SkipJsonSchema
 
 from helios.server.errors import APIError
 
@@ -103,14 +104,15 @@ class _Sampling(_Strict):
     stream: NullAsFalse = False
     stream_options: StreamOptions | None = None
     response_format: dict[str, Any] | None = None  # chat, and completions as in vLLM (response_format.py)
-    # vLLM's structured outputs, and the guided_* fields vLLM 0.12 removed (structured_outputs.py)
+    # vLLM's structured outputs, and the guided_* fields vLLM 0.12 removed (structured_outputs.py).
+    # Those are accepted but left out of the published schema, as vLLM left them out of its API.
     structured_outputs: StructuredOutputs | None = None
-    guided_json: dict[str, Any] | str | None = None
-    guided_regex: str | None = None
-    guided_choice: list[str] | None = None
-    guided_grammar: str | None = None
-    guided_whitespace_pattern: str | None = None
-    guided_decoding_backend: str | None = None
+    guided_json: SkipJsonSchema[dict[str, Any] | str | None] = None
+    guided_regex: SkipJsonSchema[str | None] = None
+    guided_choice: SkipJsonSchema[list[str] | None] = None
+    guided_grammar: SkipJsonSchema[str | None] = None
+    guided_whitespace_pattern: SkipJsonSchema[str | None] = None
+    guided_decoding_backend: SkipJsonSchema[str | None] = None
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
