@@ -9,8 +9,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from helios.engine.model import LlamaModel, Tokenizer, load_weights
 from helios.engine.cpu_threads import TorchThread
+from helios.engine.model import LlamaModel, Tokenizer, load_weights
 from helios.engine.torch_core import LoadedModel, TorchCore
 from helios.errors import ConfigError
 

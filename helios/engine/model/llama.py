@@ -54,10 +54,11 @@ class KVCache:
         tensors, valid until the next call (layers attend one at a time).
 
         On the CPU they are copied into buffers this cache keeps, grown to the largest gather so far.
-        A fresh tensor per layer and step is 10-100 MB that the allocator maps and the kernel
-        faults in page by page: a B=16 decode at 1,000 tokens of context took 216-334 ms with
-        fresh tensors and 100-124 ms with these (2-vCPU VM, on a worker thread as TorchCore runs).
-        index_select copies whole [K, window, D] blocks; advanced indexing went element by element.
+        A fresh tensor per layer and step is 10-100 MB, and depending on the allocator's state it is
+        mapped and faulted in page by page: a B=16 decode at 1,000 tokens of context, the model
+        called directly on a worker thread (2-vCPU VM), took 313-337 ms with fresh tensors against
+        123 ms with these (docs/server.md, "CPU threads"). index_select copies whole [K, window, D]
+        blocks; advanced indexing went element by element.
         """
         cache_k, cache_v = self.k[layer], self.v[layer]
         if cache_k.device.type != "cpu":  # CUDA's caching allocator reuses its blocks already
