@@ -44,6 +44,7 @@ TokenId = Annotated[int, Field(json_schema_extra={"minimum": 0})]
 
 # OpenAI's API marks `stream` and `echo` nullable, and clients that serialize every field send null.
 NullAsFalse = Annotated[bool, BeforeValidator(lambda v: False if v is None else v)]
+NullAsTrue = Annotated[bool, BeforeValidator(lambda v: True if v is None else v)]
 
 
 class _Strict(BaseModel):
@@ -152,6 +153,10 @@ class ChatCompletionRequest(_Sampling):
     audio: dict[str, Any] | None = None
     prediction: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    # vLLM's chat template extensions: continue_final_message leaves the last message open, so the
+    # model continues it (a prefilled answer); it needs add_generation_prompt false.
+    add_generation_prompt: NullAsTrue = True
+    continue_final_message: NullAsFalse = False
 
 
 def parse_body(model: type[BaseModel], raw: bytes):

@@ -147,8 +147,11 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
             content = "\n".join(parts)
         # "developer" is OpenAI's newer name for the system role.
         messages.append({"role": "system" if m.role == "developer" else m.role, "content": content})
+    if req.continue_final_message and req.add_generation_prompt:
+        raise APIError(400, "continue_final_message continues the last message, so it needs add_generation_prompt "
+                            "false", param="continue_final_message", code="invalid_value")
     try:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        text = _render(tokenizer, messages, req.add_generation_prompt, req.continue_final_message)
     except Exception as exc:  # the model's jinja template may refuse a conversation
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
                        code="invalid_value") from None
@@ -161,6 +164,23 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
     params = dataclasses.replace(sampling_params(req, max_tokens, rid, vocab_size),
                                  endpoints=message_endpoints(tokenizer, messages, text, ids))
     return _prepared(rid, _samples(n, ids, params), req)
+
+
+# Marks where the final message's content ends (continue_final_message). A conversation that
+# itself holds the mark is refused rather than cut in the wrong place.
+_CUT = "\x00helios-continue-final-message\x00"
+
+
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool) -> str:
+    if not continue_final_message:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+    # The final content is rendered with a mark after it and the text cut there: whatever the
+    # template writes after a message's content (its end of turn) goes, so the model continues it.
+    last = {**messages[-1], "content": messages[-1]["content"] + _CUT}
+    text = tokenizer.apply_chat_template([*messages[:-1], last], add_generation_prompt=False)
+    if text.count(_CUT) != 1:
+        raise ValueError("it does not keep the final message's content as it is, so it cannot be continued")
+    return text[:text.index(_CUT)]
 
 
 def _prepared(rid: str, choices: list[Choice], req) -> Prepared:
