@@ -109,9 +109,11 @@ class Publication:
     with it.
     """
 
-    def __init__(self, tokenizer: Tokenizer | None, stops: Sequence[str] = (), logprobs: bool = False):
+    def __init__(self, tokenizer: Tokenizer | None, stops: Sequence[str] = (), logprobs: bool = False,
+                 include_stop: bool = False):
         self._decoder = make_decoder(tokenizer) if tokenizer is not None else None
         self._stops = tuple(stops)
+        self._include_stop = include_stop  # vLLM's include_stop_str_in_output: the stop string is shown
         self._held = ""  # decoded text held back because it may start a stop string
         self._ids: list[int] = []  # ids whose text has not been shown yet
         self._entries: list | None = [] if logprobs else None  # their log-probability entries
@@ -146,10 +148,12 @@ class Publication:
         return self._release(self._held + self._decoder.flush(), final=True)
 
     def _release(self, text: str, final: bool) -> Piece:
-        cut = min((i for i in (text.find(s) for s in self._stops) if i >= 0), default=-1)
-        if cut >= 0:
+        # The earliest stop string ends the text; at one position, the first listed.
+        found = min(((i, n, s) for n, s in enumerate(self._stops) if (i := text.find(s)) >= 0), default=None)
+        if found is not None:
+            cut, _, stop = found
             self._held, self._stopped = "", True
-            return self._take(text[:cut], stopped=True)
+            return self._take(text[:cut + len(stop) if self._include_stop else cut], stopped=True)
         keep = 0 if final else held_suffix(text, self._stops)
         shown, self._held = text[:len(text) - keep], text[len(text) - keep:]
         if not shown and not final:

@@ -26,6 +26,7 @@ class SamplingParams:
 
     max_tokens: int = 16
     stop: tuple[str, ...] = ()
+    include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is shown
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -57,6 +58,8 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise InvalidRequest(f"include_stop_str_in_output must be a boolean, got {self.include_stop_str_in_output!r}")
         if not isinstance(self.client, str):
             raise InvalidRequest(f"client must be a string, got {self.client!r}")
         for name in (LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION):

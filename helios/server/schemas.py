@@ -119,6 +119,7 @@ class _Sampling(_Strict):
     metadata: dict[str, str] | None = None
     service_tier: str | None = None
     # vLLM extensions
+    include_stop_str_in_output: NullAsFalse = False
     ignore_eos: bool = False
     min_tokens: int | None = _int(minimum=0)
     stop_token_ids: list[TokenId] | None = None

@@ -16,13 +16,13 @@ from helios.runtime.publication import Publication, held_suffix  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-def run_scripted(texts, stop=(), max_tokens=64, tokenizer=DecodeOnlyTokenizer()):
+def run_scripted(texts, stop=(), max_tokens=64, tokenizer=DecodeOnlyTokenizer(), **params):
     """Submit one request per text (its tokens are the text's bytes) and collect the events."""
     rt, sched, core = make_runtime(ScriptedCore, tokenizer=tokenizer, scale=0.05)
     initial = resources(sched)
     out = []
     with rt:
-        streams = [rt.submit([1, 2, 3], max_tokens=max_tokens, stop=stop,
+        streams = [rt.submit([1, 2, 3], max_tokens=max_tokens, stop=stop, **params,
                              core_options={"script": list(t.encode())}) for t in texts]
         for s in streams:
             events = []
@@ -50,6 +50,18 @@ def test_stop_string_split_across_bursts_is_never_leaked():
     s, _ = results[0]
     assert bytes(s.token_ids).decode() == "Hello STOP"  # ids travel with text, as in vLLM
     assert s.usage.completion_tokens == len("Hello STOP")
+
+
+def test_include_stop_str_in_output_shows_the_stop_string_that_ended_the_text():
+    """Rule (vLLM's include_stop_str_in_output): the text ends with the stop string that ended it,
+    also when it was split across bursts; the earliest one wins, and at one position the first
+    listed; nothing after it is shown."""
+    texts = ["Hello STOP world", "STOP at once", "near STO! miss, then STOPPED", "an END before STOP"]
+    results = run_scripted(texts, stop=("STOP", "END", "STOPP"), include_stop_str_in_output=True)
+    for (s, events), text in zip(results, ["Hello STOP", "STOP", "near STO! miss, then STOP", "an END"]):
+        assert "".join(e.text for e in events) == s.text == text and s.finish_reason == "stop"
+    pub = Publication(DecodeOnlyTokenizer(), ("<end>",), include_stop=True)
+    assert "".join(pub.feed([b]).text for b in "ab <e <end> tail".encode()) == "ab <e <end>"
 
 
 def test_length_finish_flushes_held_text():

@@ -107,11 +107,12 @@ NULL_CHAT = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
     "service_tier", "presence_penalty", "frequency_penalty", "logit_bias", "max_completion_tokens", "logprobs",
     "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
     "function_call", "modalities", "audio", "prediction", "reasoning_effort", "repetition_penalty", "min_p", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "guided_whitespace_pattern", "guided_decoding_backend", "add_generation_prompt", "continue_final_message"))}
+    "guided_whitespace_pattern", "guided_decoding_backend", "add_generation_prompt", "continue_final_message",
+    "include_stop_str_in_output"))}
 NULL_TEXT = {"prompt": PROMPT, "max_tokens": 4, **dict.fromkeys((
     "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "echo", "suffix",
     "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_p", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
-    "guided_whitespace_pattern", "guided_decoding_backend"))}
+    "guided_whitespace_pattern", "guided_decoding_backend", "include_stop_str_in_output"))}
 
 
 @pytest.mark.parametrize("path,body", [("/v1/chat/completions", NULL_CHAT), ("/v1/completions", NULL_TEXT)],
@@ -159,6 +160,15 @@ def test_tool_messages_and_missing_content_get_a_400_naming_them(client, message
 def test_bad_vllm_fields_get_a_400(client, extra, param):
     r = client.post("/v1/chat/completions", json={**GUIDELLM_CHAT, **extra})
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string(client):
+    # The sim engine echoes the prompt's bytes: "abcabc..." stops at "ca".
+    for include, text in ((False, "ab"), (True, "abca"), (None, "ab")):
+        r = client.post("/v1/completions", json={"prompt": "abc", "max_tokens": 8, "stop": ["ca"],
+                                                 "include_stop_str_in_output": include})
+        assert r.status_code == 200 and r.json()["choices"][0]["text"] == text, r.text
+        assert r.json()["choices"][0]["finish_reason"] == "stop"
 
 
 def test_min_p_reaches_the_core_and_zero_is_left_out():
