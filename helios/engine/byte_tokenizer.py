@@ -18,6 +18,7 @@ class ByteTokenizer:
     def token_bytes(self, token_id: int) -> bytes:
         return bytes([token_id]) if token_id < 256 else b""
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True, **variables) -> str:
+        # The template reads no further variables (chat_template_kwargs), as SmolLM2's reads none.
         text = "".join(f"<|{m['role']}|>{m['content']}\n" for m in messages)
         return text + ("<|assistant|>" if add_generation_prompt else "")

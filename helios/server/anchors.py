@@ -10,12 +10,14 @@ would not is left out rather than guessed.
 from __future__ import annotations
 
 
-def message_endpoints(tokenizer, messages: list[dict], text: str, ids: list[int]) -> tuple[int, ...]:
-    """Strictly increasing offsets in (0, len(ids)) where a completed message ends."""
+def message_endpoints(tokenizer, messages: list[dict], text: str, ids: list[int],
+                      variables: dict | None = None) -> tuple[int, ...]:
+    """Strictly increasing offsets in (0, len(ids)) where a completed message ends (`variables`:
+    the further template variables `text` was rendered with)."""
     out: list[int] = []
     for i in range(1, len(messages) + 1):
         try:
-            part = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=False)
+            part = tokenizer.apply_chat_template(messages[:i], add_generation_prompt=False, **(variables or {}))
         except Exception:  # a template may refuse a partial conversation: no anchor there
             continue
         if not text.startswith(part):

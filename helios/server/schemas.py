@@ -158,6 +158,7 @@ class ChatCompletionRequest(_Sampling):
     # model continues it (a prefilled answer); it needs add_generation_prompt false.
     add_generation_prompt: NullAsTrue = True
     continue_final_message: NullAsFalse = False
+    chat_template_kwargs: dict[str, Any] | None = None  # further template variables, e.g. enable_thinking
 
 
 def parse_body(model: type[BaseModel], raw: bytes):

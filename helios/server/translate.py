@@ -150,8 +150,13 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
     if req.continue_final_message and req.add_generation_prompt:
         raise APIError(400, "continue_final_message continues the last message, so it needs add_generation_prompt "
                             "false", param="continue_final_message", code="invalid_value")
+    variables = dict(req.chat_template_kwargs or {})
+    taken = sorted(set(variables) & {"messages", "add_generation_prompt"})
+    if taken:
+        raise APIError(400, f"chat_template_kwargs cannot set {', '.join(taken)} (they are the request's own)",
+                       param="chat_template_kwargs", code="invalid_value")
     try:
-        text = _render(tokenizer, messages, req.add_generation_prompt, req.continue_final_message)
+        text = _render(tokenizer, messages, req.add_generation_prompt, req.continue_final_message, variables)
     except Exception as exc:  # the model's jinja template may refuse a conversation
         raise APIError(400, f"the chat template rejected the messages: {exc}", param="messages",
                        code="invalid_value") from None
@@ -162,7 +167,7 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
     max_tokens = _max_tokens(limit, param, len(ids), max_context, None, "messages")
     rid = f"chatcmpl-{uuid.uuid4().hex}"
     params = dataclasses.replace(sampling_params(req, max_tokens, rid, vocab_size),
-                                 endpoints=message_endpoints(tokenizer, messages, text, ids))
+                                 endpoints=message_endpoints(tokenizer, messages, text, ids, variables))
     return _prepared(rid, _samples(n, ids, params), req)
 
 
@@ -171,13 +176,14 @@ def prepare_chat(req: ChatCompletionRequest, tokenizer, max_context: int, vocab_
 _CUT = "\x00helios-continue-final-message\x00"
 
 
-def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool) -> str:
+def _render(tokenizer, messages: list[dict], add_generation_prompt: bool, continue_final_message: bool,
+            variables: dict) -> str:
     if not continue_final_message:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **variables)
     # The final content is rendered with a mark after it and the text cut there: whatever the
     # template writes after a message's content (its end of turn) goes, so the model continues it.
     last = {**messages[-1], "content": messages[-1]["content"] + _CUT}
-    text = tokenizer.apply_chat_template([*messages[:-1], last], add_generation_prompt=False)
+    text = tokenizer.apply_chat_template([*messages[:-1], last], add_generation_prompt=False, **variables)
     if text.count(_CUT) != 1:
         raise ValueError("it does not keep the final message's content as it is, so it cannot be continued")
     return text[:text.index(_CUT)]

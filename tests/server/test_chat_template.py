@@ -1,5 +1,5 @@
-"""vLLM's chat template extensions (helios.server.translate): add_generation_prompt and
-continue_final_message.
+"""vLLM's chat template extensions (helios.server.translate): add_generation_prompt,
+continue_final_message and chat_template_kwargs.
 
 Rules tested:
 - by default the prompt ends with the template's generation prompt; add_generation_prompt false
@@ -9,6 +9,9 @@ Rules tested:
 - the message endpoints (checkpoint anchors) then name only the completed messages;
 - continue_final_message with add_generation_prompt, or a conversation that holds the mark the
   cut uses, is a 400 naming the field;
+- chat_template_kwargs reach the template as variables (a template that reads none renders as
+  without them), the message endpoints are found under the same variables, and a variable that
+  would override the request's own (messages, add_generation_prompt) is a 400;
 - with the real model, a prefilled answer is continued, not restarted.
 """
 
@@ -18,6 +21,7 @@ import openai
 import pytest
 
 from helios.engine.byte_tokenizer import ByteTokenizer
+from helios.engine.model.tokenizer import Tokenizer
 from helios.server.errors import APIError
 from helios.server.schemas import ChatCompletionRequest
 from helios.server.translate import prepare_chat
@@ -58,6 +62,26 @@ def test_a_conflict_or_an_uncuttable_conversation_is_a_400(messages, fields, par
     with pytest.raises(APIError) as err:
         prompt(messages, **fields)
     assert err.value.status == 400 and err.value.param == param
+
+
+def test_chat_template_kwargs_are_template_variables():
+    tok = Tokenizer.from_gguf()
+    plain = prepare_chat(ChatCompletionRequest(messages=[ASK]), tok, 512, tok.vocab_size).choices[0]
+    same = prepare_chat(ChatCompletionRequest(messages=[ASK], chat_template_kwargs={"enable_thinking": False}),
+                        tok, 512, tok.vocab_size).choices[0]
+    assert same.prompt_ids == plain.prompt_ids  # SmolLM2's template reads no such variable
+    tok.chat_template = ("{% if enable_thinking %}<think>{% endif %}{% for m in messages %}<|im_start|>"
+                         "{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+                         "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    answer = {"role": "assistant", "content": "Paris."}
+    req = ChatCompletionRequest(messages=[ASK, answer, ASK], chat_template_kwargs={"enable_thinking": True})
+    choice = prepare_chat(req, tok, 512, tok.vocab_size).choices[0]
+    assert tok.decode(choice.prompt_ids).startswith("<think><|im_start|>user")
+    assert len(choice.params.endpoints) == 3  # found under the same variable: every completed message
+    for taken in ("messages", "add_generation_prompt"):
+        with pytest.raises(APIError) as err:
+            prompt([ASK], chat_template_kwargs={taken: 1})
+        assert err.value.param == "chat_template_kwargs"
 
 
 def test_the_real_model_continues_a_prefilled_answer(real):  # noqa: F811

@@ -124,12 +124,16 @@ class Tokenizer:
     def is_special(self, token_id: int) -> bool:
         return token_id in self._special_ids
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                            **variables) -> str:
         """Render ``[{"role", "content"}, ...]`` as a ChatML prompt string.
 
         Uses the GGUF's own jinja template when jinja2 is installed (SmolLM2's
         adds a default system prompt when the first message is not 'system'),
-        otherwise an equivalent hand-written ChatML renderer.
+        otherwise an equivalent hand-written ChatML renderer. ``variables`` are
+        further template variables (vLLM's chat_template_kwargs, such as
+        ``enable_thinking``); a template that does not read one ignores it, as
+        the hand-written renderer (SmolLM2's template reads none) does.
         """
         if self.chat_template:
             try:
@@ -141,7 +145,7 @@ class Tokenizer:
                 env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
                 template = env.from_string(self.chat_template)
                 return template.render(
-                    messages=messages, add_generation_prompt=add_generation_prompt
+                    **variables, messages=messages, add_generation_prompt=add_generation_prompt
                 )
         return _hand_chatml(messages, add_generation_prompt, self._default_system())
 
