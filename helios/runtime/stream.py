@@ -59,7 +59,8 @@ class SamplingParams:
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
         if not isinstance(self.include_stop_str_in_output, bool):
-            raise InvalidRequest(f"include_stop_str_in_output must be a boolean, got {self.include_stop_str_in_output!r}")
+            raise InvalidRequest("include_stop_str_in_output must be a boolean, got "
+                                 f"{self.include_stop_str_in_output!r}")
         if not isinstance(self.client, str):
             raise InvalidRequest(f"client must be a string, got {self.client!r}")
         for name in (LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION):

@@ -58,7 +58,8 @@ def test_include_stop_str_in_output_shows_the_stop_string_that_ended_the_text():
     listed; nothing after it is shown."""
     texts = ["Hello STOP world", "STOP at once", "near STO! miss, then STOPPED", "an END before STOP"]
     results = run_scripted(texts, stop=("STOP", "END", "STOPP"), include_stop_str_in_output=True)
-    for (s, events), text in zip(results, ["Hello STOP", "STOP", "near STO! miss, then STOP", "an END"]):
+    expected = ["Hello STOP", "STOP", "near STO! miss, then STOP", "an END"]
+    for (s, events), text in zip(results, expected):
         assert "".join(e.text for e in events) == s.text == text and s.finish_reason == "stop"
     pub = Publication(DecodeOnlyTokenizer(), ("<end>",), include_stop=True)
     assert "".join(pub.feed([b]).text for b in "ab <e <end> tail".encode()) == "ab <e <end>"
