@@ -110,8 +110,11 @@ class Publication:
     """
 
     def __init__(self, tokenizer: Tokenizer | None, stops: Sequence[str] = (), logprobs: bool = False,
-                 include_stop: bool = False):
+                 include_stop: bool = False, skip_special: bool = False):
         self._decoder = make_decoder(tokenizer) if tokenizer is not None else None
+        # vLLM's skip_special_tokens: special tokens (a tokenizer's is_special) show no text; their
+        # ids are still counted and streamed.
+        self._special = getattr(tokenizer, "is_special", None) if skip_special else None
         self._stops = tuple(stops)
         self._include_stop = include_stop  # vLLM's include_stop_str_in_output: the stop string is shown
         self._held = ""  # decoded text held back because it may start a stop string
@@ -139,7 +142,8 @@ class Publication:
         self._ids.extend(ids)
         if self._decoder is None:
             return self._take("", stopped=False)
-        return self._release(self._held + self._decoder.push(ids), final=False)
+        shown = ids if self._special is None else [i for i in ids if not self._special(i)]
+        return self._release(self._held + self._decoder.push(shown), final=False)
 
     def flush(self) -> Piece:
         """End of stream: release everything still held (a stop string may still complete)."""

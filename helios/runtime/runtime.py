@@ -173,7 +173,8 @@ class Runtime:
             stream = RequestStream(handle, len(prompt), params, now, self._cancel)
             self._streams[handle] = stream
             self._pubs[handle] = Publication(self.tokenizer, params.stop, logprobs=params.logprobs is not None,
-                                             include_stop=params.include_stop_str_in_output)
+                                             include_stop=params.include_stop_str_in_output,
+                                             skip_special=params.skip_special_tokens)
             # Queued before any execute that can include the handle: the worker is FIFO.
             self._worker.attach(handle, prompt, options)
             self._step.attached(handle)

@@ -27,6 +27,7 @@ class SamplingParams:
     max_tokens: int = 16
     stop: tuple[str, ...] = ()
     include_stop_str_in_output: bool = False  # vLLM's: the stop string that ended the text is shown
+    skip_special_tokens: bool = True  # vLLM's (and its default): special tokens show no text
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
@@ -58,9 +59,9 @@ class SamplingParams:
             v = getattr(self, name)
             if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
                 raise InvalidRequest(f"{name} must be an integer, got {v!r}")
-        if not isinstance(self.include_stop_str_in_output, bool):
-            raise InvalidRequest("include_stop_str_in_output must be a boolean, got "
-                                 f"{self.include_stop_str_in_output!r}")
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise InvalidRequest(f"{name} must be a boolean, got {getattr(self, name)!r}")
         if not isinstance(self.client, str):
             raise InvalidRequest(f"client must be a string, got {self.client!r}")
         for name in (LOGPROBS_OPTION, PROMPT_LOGPROBS_OPTION):

@@ -88,6 +88,7 @@ def sampling_params(req, max_tokens: int, request_id: str, vocab_size: int | Non
     stops = (req.stop,) if isinstance(req.stop, str) else tuple(req.stop or ())
     return SamplingParams(
         max_tokens=max_tokens, stop=stops, include_stop_str_in_output=req.include_stop_str_in_output,
+        skip_special_tokens=req.skip_special_tokens,
         temperature=DEFAULT_TEMPERATURE if req.temperature is None else float(req.temperature),
         top_p=None if req.top_p is None else float(req.top_p),
         top_k=req.top_k, seed=req.seed, client=req.user or "default", request_id=request_id, logprobs=_logprobs(req),

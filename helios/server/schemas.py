@@ -120,6 +120,7 @@ class _Sampling(_Strict):
     service_tier: str | None = None
     # vLLM extensions
     include_stop_str_in_output: NullAsFalse = False
+    skip_special_tokens: NullAsTrue = True
     ignore_eos: bool = False
     min_tokens: int | None = _int(minimum=0)
     stop_token_ids: list[TokenId] | None = None

@@ -65,6 +65,23 @@ def test_include_stop_str_in_output_shows_the_stop_string_that_ended_the_text():
     assert "".join(pub.feed([b]).text for b in "ab <e <end> tail".encode()) == "ab <e <end>"
 
 
+def test_skip_special_tokens_hides_their_text_but_not_their_ids():
+    """Rule (vLLM's skip_special_tokens): a special token shows no text, its id is still streamed;
+    a tokenizer without special tokens is unaffected."""
+    from helios.engine.model.tokenizer import Tokenizer
+
+    tok = Tokenizer.from_gguf()
+    ids = tok.encode("Hi<|im_start|> there<|im_end|>")
+    assert sum(tok.is_special(i) for i in ids) == 2
+    for skip, text in ((True, "Hi there"), (False, "Hi<|im_start|> there<|im_end|>")):
+        pub = Publication(tok, (), skip_special=skip)
+        pieces = [pub.feed([i]) for i in ids] + [pub.flush()]
+        assert "".join(p.text for p in pieces) == text
+        assert [i for p in pieces for i in p.token_ids] == ids
+    pub = Publication(ByteTokenizer(), (), skip_special=True)
+    assert pub.feed(list(b"<|im_start|>")).text == "<|im_start|>"
+
+
 def test_length_finish_flushes_held_text():
     """Rule: text held as a possible stop prefix is released when the request ends by length."""
     [(s, events)] = run_scripted(["abcST"], stop=("STOP",), max_tokens=5)

@@ -107,12 +107,14 @@ NULL_CHAT = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
     "service_tier", "presence_penalty", "frequency_penalty", "logit_bias", "max_completion_tokens", "logprobs",
     "top_logprobs", "response_format", "tools", "tool_choice", "parallel_tool_calls", "functions",
     "function_call", "modalities", "audio", "prediction", "reasoning_effort", "repetition_penalty", "min_p",
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern", "guided_decoding_backend", "add_generation_prompt", "continue_final_message",
-    "include_stop_str_in_output", "chat_template_kwargs"))}
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
+    "guided_decoding_backend", "add_generation_prompt", "continue_final_message", "include_stop_str_in_output",
+    "chat_template_kwargs", "skip_special_tokens"))}
 NULL_TEXT = {"prompt": PROMPT, "max_tokens": 4, **dict.fromkeys((
     "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "echo", "suffix",
     "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_p",
-    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern", "guided_decoding_backend", "include_stop_str_in_output"))}
+    "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
+    "guided_decoding_backend", "include_stop_str_in_output", "skip_special_tokens"))}
 
 
 @pytest.mark.parametrize("path,body", [("/v1/chat/completions", NULL_CHAT), ("/v1/completions", NULL_TEXT)],
