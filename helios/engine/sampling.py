@@ -37,6 +37,7 @@ class SamplingOptions:
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     min_p: float = 0.0  # drop tokens less likely than min_p times the most likely one (vLLM's)
+    allowed_token_ids: tuple[int, ...] = ()  # vLLM's: when given, every other token is masked
 
     @property
     def greedy(self) -> bool:
@@ -46,11 +47,12 @@ class SamplingOptions:
     def penalized(self) -> bool:
         """Whether `penalize` changes anything."""
         return (self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
-                or bool(self.logit_bias))
+                or bool(self.logit_bias) or bool(self.allowed_token_ids))
 
     @classmethod
     def of(cls, temperature=None, top_p=None, top_k=None, seed=None, presence_penalty=None, frequency_penalty=None,
-           repetition_penalty=None, logit_bias=None, min_p=None, vocab_size: int | None = None) -> SamplingOptions:
+           repetition_penalty=None, logit_bias=None, min_p=None, allowed_token_ids=None,
+           vocab_size: int | None = None) -> SamplingOptions:
         """Validate attach() options; None means the default (greedy, no filters, random seed,
         no penalties, no bias). `logit_bias` maps token ids (below `vocab_size` when given) to
         biases in [-100, 100], OpenAI's range."""
@@ -79,8 +81,16 @@ class SamplingOptions:
                     or (vocab_size is not None and token >= vocab_size):
                 raise InvalidRequest(f"logit_bias keys must be token ids in [0, {vocab_size}), got {token!r}")
             bias.append((token, number(f"logit_bias[{token}]", b, -100.0, 100.0)))
+        if allowed_token_ids is not None and not list(allowed_token_ids):
+            raise InvalidRequest("allowed_token_ids must list at least one token id")
+        for token in allowed_token_ids or ():
+            if isinstance(token, bool) or not isinstance(token, int) or token < 0 \
+                    or (vocab_size is not None and token >= vocab_size):
+                raise InvalidRequest(f"allowed_token_ids must be token ids in [0, {vocab_size}), got {token!r}")
+        allowed = tuple(sorted(set(allowed_token_ids or ())))
         # top_k <= 0 disables the filter (OpenAI-style -1 included).
-        return cls(t, p, max(0, top_k or 0), seed, presence, frequency, repetition, tuple(sorted(bias)), floor)
+        return cls(t, p, max(0, top_k or 0), seed, presence, frequency, repetition, tuple(sorted(bias)), floor,
+                   allowed)
 
     def generator(self) -> torch.Generator:
         """This request's CPU generator, seeded from `seed` (a random seed when absent)."""
@@ -98,7 +108,8 @@ def penalize(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int],
       its logit divided by the penalty when positive and multiplied by it otherwise, so a penalty
       above 1 always makes it less likely;
     - frequency and presence (OpenAI's): logit[t] -= frequency * c[t] + presence * (c[t] > 0),
-      where c[t] counts t in the output only.
+      where c[t] counts t in the output only;
+    - allowed token ids (vLLM's): every token not listed gets -inf, last.
     Greedy requests take the argmax of the penalized row, so penalties apply to them too.
     """
     if options.logit_bias:
@@ -114,6 +125,10 @@ def penalize(logits: torch.Tensor, prompt: Sequence[int], output: Sequence[int],
         counts = torch.bincount(torch.tensor(list(output), dtype=torch.long, device=logits.device),
                                 minlength=logits.shape[-1]).to(logits.dtype)
         logits -= options.frequency_penalty * counts + options.presence_penalty * (counts > 0).to(logits.dtype)
+    if options.allowed_token_ids:
+        keep = torch.zeros(logits.shape[-1], dtype=torch.bool, device=logits.device)
+        keep[torch.tensor(options.allowed_token_ids, dtype=torch.long, device=logits.device)] = True
+        logits.masked_fill_(~keep, -math.inf)
 
 
 def raw_logprobs(logits: torch.Tensor) -> torch.Tensor:

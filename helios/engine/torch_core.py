@@ -45,7 +45,7 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming, Fence, Requ
 __all__ = ["LoadedModel", "PlanMismatch", "TorchCore", "load_model"]
 
 SAMPLING_OPTIONS = ("temperature", "top_p", "top_k", "min_p", "seed", "presence_penalty", "frequency_penalty",
-                    "repetition_penalty", "logit_bias")
+                    "repetition_penalty", "logit_bias", "allowed_token_ids")
 # A guarded checkpoint match (CheckpointStore.match) to restore before the suffix is prefilled.
 RESTORE_OPTION = "checkpoint"
 # vLLM's stopping extensions: generate past EOS, no EOS or stop token before min_tokens, extra

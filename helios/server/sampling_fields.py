@@ -118,10 +118,14 @@ def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
             raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param,
                            code="invalid_value")
         options[GRAMMAR_OPTION] = grammar
-    if req.stop_token_ids:
-        bad = next((t for t in req.stop_token_ids if vocab_size is not None and not 0 <= t < vocab_size), None)
-        if bad is not None or any(t < 0 for t in req.stop_token_ids):
-            raise APIError(400, f"stop_token_ids must be token ids in [0, {vocab_size}), got {req.stop_token_ids}",
-                           param="stop_token_ids", code="invalid_value")
-        options["stop_token_ids"] = tuple(req.stop_token_ids)
+    for name in ("stop_token_ids", "allowed_token_ids"):  # vLLM's
+        ids = getattr(req, name)
+        if ids is None or (not ids and name == "stop_token_ids"):
+            continue
+        if not ids:
+            raise APIError(400, f"{name} must list at least one token id", param=name, code="invalid_value")
+        if any(t < 0 or (vocab_size is not None and t >= vocab_size) for t in ids):
+            raise APIError(400, f"{name} must be token ids in [0, {vocab_size}), got {ids}", param=name,
+                           code="invalid_value")
+        options[name] = tuple(ids)
     return options

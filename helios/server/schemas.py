@@ -124,6 +124,7 @@ class _Sampling(_Strict):
     ignore_eos: bool = False
     min_tokens: int | None = _int(minimum=0)
     stop_token_ids: list[TokenId] | None = None
+    allowed_token_ids: list[TokenId] | None = None
     presence_penalty: float | None = _finite(minimum=-2, maximum=2)
     frequency_penalty: float | None = _finite(minimum=-2, maximum=2)
     repetition_penalty: float | None = _finite(minimum=1e-6, maximum=1e6)  # vLLM extension

@@ -27,7 +27,9 @@ def test_options_defaults_and_validation():
                 dict(frequency_penalty=-2.01), dict(repetition_penalty=0), dict(repetition_penalty=-1.0),
                 dict(presence_penalty=math.inf), dict(logit_bias={1: 101}), dict(logit_bias={-1: 1.0}),
                 dict(logit_bias={8: 1.0}, vocab_size=8), dict(logit_bias={"1": 1.0}), dict(min_p=1.01),
-                dict(min_p=-0.1), dict(min_p=math.nan), dict(min_p=True)):
+                dict(min_p=-0.1), dict(min_p=math.nan), dict(min_p=True), dict(allowed_token_ids=[]),
+                dict(allowed_token_ids=[8], vocab_size=8), dict(allowed_token_ids=[-1]), dict(allowed_token_ids=[True]),
+                dict(allowed_token_ids=["1"])):
         with pytest.raises(InvalidRequest):
             SamplingOptions.of(**bad)
     assert not SamplingOptions.of(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1).penalized
@@ -114,6 +116,17 @@ def test_min_p_keeps_exactly_the_tokens_at_least_min_p_times_as_likely_as_the_to
     assert SamplingOptions.of(min_p=0).min_p == 0 and torch.equal(
         probabilities(torch.tensor(logits), SamplingOptions(temperature, min_p=0.0)),
         probabilities(torch.tensor(logits), SamplingOptions(temperature)))
+
+
+def test_allowed_token_ids_mask_every_other_token_after_the_penalties():
+    options = SamplingOptions.of(allowed_token_ids=[4, 1, 4], logit_bias={1: -5.0, 2: 50.0}, temperature=1.0)
+    assert options.allowed_token_ids == (1, 4) and options.penalized
+    row = LOGITS.clone()
+    penalize(row, [], [], options)
+    assert torch.isinf(row).tolist() == [True, False, True, True, False, True]
+    assert row[1] == LOGITS[1] - 5.0 and row[4] == LOGITS[4]
+    p = probabilities(row, options)
+    assert torch.allclose(p[[1, 4]], torch.softmax(row[[1, 4]], -1)) and float(p.sum()) == pytest.approx(1.0)
 
 
 def test_row_masks_greedy_rows_and_seeded_generators():

@@ -109,12 +109,12 @@ NULL_CHAT = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": 4,
     "function_call", "modalities", "audio", "prediction", "reasoning_effort", "repetition_penalty", "min_p",
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
     "guided_decoding_backend", "add_generation_prompt", "continue_final_message", "include_stop_str_in_output",
-    "chat_template_kwargs", "skip_special_tokens"))}
+    "chat_template_kwargs", "skip_special_tokens", "allowed_token_ids"))}
 NULL_TEXT = {"prompt": PROMPT, "max_tokens": 4, **dict.fromkeys((
     "model", "temperature", "top_p", "seed", "stop", "n", "stream", "stream_options", "user", "echo", "suffix",
     "best_of", "logprobs", "presence_penalty", "frequency_penalty", "logit_bias", "repetition_penalty", "min_p",
     "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar", "guided_whitespace_pattern",
-    "guided_decoding_backend", "include_stop_str_in_output", "skip_special_tokens"))}
+    "guided_decoding_backend", "include_stop_str_in_output", "skip_special_tokens", "allowed_token_ids"))}
 
 
 @pytest.mark.parametrize("path,body", [("/v1/chat/completions", NULL_CHAT), ("/v1/completions", NULL_TEXT)],
@@ -158,6 +158,9 @@ def test_tool_messages_and_missing_content_get_a_400_naming_them(client, message
 
 @pytest.mark.parametrize("extra,param", [({"min_tokens": 99}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
                                          ({"stop_token_ids": [10 ** 9]}, "stop_token_ids"),
+                                         ({"allowed_token_ids": []}, "allowed_token_ids"),
+                                         ({"allowed_token_ids": [10 ** 9]}, "allowed_token_ids"),
+                                         ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
                                          ({"ignore_eos": "yes"}, "ignore_eos")])
 def test_bad_vllm_fields_get_a_400(client, extra, param):
     r = client.post("/v1/chat/completions", json={**GUIDELLM_CHAT, **extra})
@@ -209,3 +212,11 @@ def test_ignore_eos_min_tokens_and_stop_token_ids(core):
     assert eos not in held[:len(plain) + 2] and held[:len(plain) - 1] == plain[:-1]
     cut = run(core, 40, stop_token_ids=[plain[2]])
     assert cut == plain[:3]
+
+
+def test_allowed_token_ids_confine_greedy_and_sampled_outputs(core):
+    plain = run(core, 8)
+    allowed = sorted({plain[3], plain[5], core.tokenizer.encode(" banana")[0]})
+    for options in ({}, {"temperature": 1.5, "seed": 7}):
+        out = run(core, 8, allowed_token_ids=allowed, **options)
+        assert len(out) == 8 and set(out) <= set(allowed)  # EOS is not allowed, so max_tokens ends it
