@@ -81,7 +81,8 @@ class SamplingOptions:
                     or (vocab_size is not None and token >= vocab_size):
                 raise InvalidRequest(f"logit_bias keys must be token ids in [0, {vocab_size}), got {token!r}")
             bias.append((token, number(f"logit_bias[{token}]", b, -100.0, 100.0)))
-        if allowed_token_ids is not None and not list(allowed_token_ids):
+        listed = isinstance(allowed_token_ids, (list, tuple)) and len(allowed_token_ids) > 0
+        if allowed_token_ids is not None and not listed:
             raise InvalidRequest("allowed_token_ids must list at least one token id")
         for token in allowed_token_ids or ():
             if isinstance(token, bool) or not isinstance(token, int) or token < 0 \

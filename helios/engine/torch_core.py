@@ -224,6 +224,10 @@ class TorchCore:
             raise InvalidRequest(f"a {len(ids)}-token prompt leaves no room in a "
                                  f"{self.max_context}-token context")
         grammar = options.pop(GRAMMAR_OPTION, None)
+        if options.get("allowed_token_ids") is not None and (grammar is not None or options.get("min_tokens")):
+            # Their masks could leave no token at all, and a row with nothing to sample would fail
+            # every request in its frame.
+            raise InvalidRequest("allowed_token_ids cannot be combined with a grammar or min_tokens")
         constraint = None
         if grammar is not None:
             if options.get("ignore_eos") or options.get("min_tokens"):

@@ -118,6 +118,10 @@ def _core_options(req, max_tokens: int, vocab_size: int | None) -> dict:
             raise APIError(400, f"{param} cannot be combined with ignore_eos or min_tokens", param=param,
                            code="invalid_value")
         options[GRAMMAR_OPTION] = grammar
+    if req.allowed_token_ids is not None and (grammar is not None or req.min_tokens):
+        # Their masks could leave no token at all (TorchCore refuses the same).
+        raise APIError(400, "allowed_token_ids cannot be combined with a structured output or min_tokens",
+                       param="allowed_token_ids", code="invalid_value")
     for name in ("stop_token_ids", "allowed_token_ids"):  # vLLM's
         ids = getattr(req, name)
         if ids is None or (not ids and name == "stop_token_ids"):

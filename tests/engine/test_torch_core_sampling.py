@@ -29,7 +29,7 @@ def test_options_defaults_and_validation():
                 dict(logit_bias={8: 1.0}, vocab_size=8), dict(logit_bias={"1": 1.0}), dict(min_p=1.01),
                 dict(min_p=-0.1), dict(min_p=math.nan), dict(min_p=True), dict(allowed_token_ids=[]),
                 dict(allowed_token_ids=[8], vocab_size=8), dict(allowed_token_ids=[-1]), dict(allowed_token_ids=[True]),
-                dict(allowed_token_ids=["1"])):
+                dict(allowed_token_ids=["1"]), dict(allowed_token_ids=5)):
         with pytest.raises(InvalidRequest):
             SamplingOptions.of(**bad)
     assert not SamplingOptions.of(presence_penalty=0, frequency_penalty=0.0, repetition_penalty=1).penalized

@@ -24,6 +24,7 @@ from fastapi.testclient import TestClient
 from helios.engine.torch_core import TorchCore, load_model
 from helios.runtime.driver import SyncDriver
 from helios.config import PolicyConfig
+from helios.errors import InvalidRequest
 from helios.scheduler import Scheduler
 from helios.server import EngineOptions, ServerSettings, build_backend, create_app
 
@@ -161,6 +162,9 @@ def test_tool_messages_and_missing_content_get_a_400_naming_them(client, message
                                          ({"allowed_token_ids": []}, "allowed_token_ids"),
                                          ({"allowed_token_ids": [10 ** 9]}, "allowed_token_ids"),
                                          ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+                                         ({"allowed_token_ids": [5], "min_tokens": 1}, "allowed_token_ids"),
+                                         ({"allowed_token_ids": [5], "guided_choice": ["a"], "ignore_eos": False},
+                                          "allowed_token_ids"),
                                          ({"ignore_eos": "yes"}, "ignore_eos")])
 def test_bad_vllm_fields_get_a_400(client, extra, param):
     r = client.post("/v1/chat/completions", json={**GUIDELLM_CHAT, **extra})
@@ -220,3 +224,6 @@ def test_allowed_token_ids_confine_greedy_and_sampled_outputs(core):
     for options in ({}, {"temperature": 1.5, "seed": 7}):
         out = run(core, 8, allowed_token_ids=allowed, **options)
         assert len(out) == 8 and set(out) <= set(allowed)  # EOS is not allowed, so max_tokens ends it
+    with pytest.raises(InvalidRequest, match="allowed_token_ids"):  # the masks could leave nothing
+        core.attach(99, [1, 2], allowed_token_ids=[core.tokenizer.eos_id], min_tokens=2)
+    assert 99 not in core.requests
