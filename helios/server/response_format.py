@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools
 import json
 
-from helios.engine.grammar import json_schema_grammar
+from helios.engine.grammar import json_schema_grammar, text_grammar
 from helios.errors import InvalidRequest
 from helios.server.errors import APIError
 
@@ -22,7 +22,7 @@ def response_grammar(response_format: dict | None) -> str | None:
     if kind == "text":
         return None
     if kind == "json_object":
-        return schema_grammar(None, PARAM)
+        return compiled_grammar("json", None, PARAM)
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict):
@@ -32,21 +32,26 @@ def response_grammar(response_format: dict | None) -> str | None:
         if schema is not None and not isinstance(schema, dict):
             raise APIError(400, "response_format.json_schema.schema must be a JSON object",
                            param=f"{PARAM}.json_schema.schema", code="invalid_value")
-        return schema_grammar(schema, f"{PARAM}.json_schema.schema")
+        return compiled_grammar("json", schema, f"{PARAM}.json_schema.schema")
     raise APIError(400, f"response_format.type must be \"text\", \"json_object\" or \"json_schema\", got {kind!r}",
                    param=f"{PARAM}.type", code="invalid_value")
 
 
-def schema_grammar(schema: dict | None, param: str, whitespace_pattern: str | None = None) -> str:
-    """The grammar of JSON matching `schema` (None: any object); a 400 naming `param` if it cannot compile."""
+def compiled_grammar(kind: str, source, param: str, whitespace_pattern: str | None = None) -> str:
+    """The grammar of `source` read as `kind`: "json" (a JSON schema; None: any object, laid out
+    with `whitespace_pattern` when given), "regex", "choice" (a list of strings) or "grammar" (Lark
+    or GBNF). A 400 naming `param` if it cannot compile."""
     try:
-        return _compiled(json.dumps(schema, sort_keys=True), whitespace_pattern)
+        return _compiled(kind, json.dumps(source, sort_keys=True), whitespace_pattern)
     except InvalidRequest as exc:
         raise APIError(400, str(exc), param=param, code="invalid_value") from None
 
 
 @functools.lru_cache(maxsize=256)
-def _compiled(schema_json: str, whitespace_pattern: str | None) -> str:
-    # Clients tend to send one schema with every request (and a batch of completion prompts shares
-    # one), so each distinct schema is compiled once.
-    return json_schema_grammar(json.loads(schema_json), whitespace_pattern)
+def _compiled(kind: str, source_json: str, whitespace_pattern: str | None) -> str:
+    # Clients tend to send one constraint with every request (and a batch of completion prompts
+    # shares one), so each distinct one is compiled once.
+    source = json.loads(source_json)
+    if kind == "json":
+        return json_schema_grammar(source, whitespace_pattern)
+    return text_grammar(kind, source)

@@ -5,13 +5,10 @@ names at most one constraint, and anything malformed is a 400 naming the field."
 
 from __future__ import annotations
 
-import functools
 import json
 
-from helios.engine.grammar import text_grammar
-from helios.errors import InvalidRequest
 from helios.server.errors import APIError
-from helios.server.response_format import response_grammar, schema_grammar
+from helios.server.response_format import compiled_grammar, response_grammar
 from helios.server.schemas import StructuredOutputs
 
 PARAM = "structured_outputs"
@@ -47,7 +44,7 @@ def request_grammar(req) -> tuple[str | None, str | None]:
     kind = param.removeprefix("guided_")
     value = getattr(req, param)
     if kind == "json":
-        return schema_grammar(_schema(value, param), param, req.guided_whitespace_pattern), param
+        return compiled_grammar("json", _schema(value, param), param, req.guided_whitespace_pattern), param
     return _text(kind, value, param), param
 
 
@@ -73,7 +70,7 @@ def _structured(so: StructuredOutputs) -> str:
     schema = None if kind == "json_object" else _schema(so.json_schema, param)
     if so.disable_additional_properties and schema is not None:
         schema = _closed(schema)
-    return schema_grammar(schema, param, so.whitespace_pattern)
+    return compiled_grammar("json", schema, param, so.whitespace_pattern)
 
 
 def _schema(value, param: str) -> dict:
@@ -117,12 +114,4 @@ def _closed(schema):
 def _text(kind: str, value, param: str) -> str:
     if kind == "choice" and not value:
         raise APIError(400, f"{param} needs at least one choice", param=param, code="invalid_value")
-    try:
-        return _compiled(kind, json.dumps(value))
-    except InvalidRequest as exc:
-        raise APIError(400, str(exc), param=param, code="invalid_value") from None
-
-
-@functools.lru_cache(maxsize=256)
-def _compiled(kind: str, source_json: str) -> str:
-    return text_grammar(kind, json.loads(source_json))
+    return compiled_grammar(kind, value, param)
