@@ -48,7 +48,7 @@ def test_a_faster_format_stays_close_to_float32_and_answers_sensibly(models, fmt
 def test_bf16_refuses_a_cpu_without_native_bfloat16(monkeypatch):
     monkeypatch.setattr(weight_formats, "bf16_available", lambda: False)
     with pytest.raises(RuntimeError, match="AMX or AVX512-BF16"):
-        weight_formats.BF16Linear(torch.randn(4, 4))
+        weight_formats.linear(torch.randn(4, 4), True, weight_formats.WeightFormat.BF16)
 
 
 @pytest.mark.parametrize("fmt", ["bf16", "int8"])

@@ -69,52 +69,39 @@ class Linear(nn.Module):
     steps and still faster on 256-row prefill. In our checks it also gave
     each row the same bits whatever the batch size (not a documented
     guarantee). Falls back to F.linear when oneDNN is unavailable.
+
+    With ``dtype=torch.bfloat16``, W and x are rounded to bfloat16 and the products summed in
+    float32; the output is float32, so the residual stream, norms and attention stay float32.
+    Measured on the 2-vCPU Xeon with AMX (bench/graph_profile.py, two threads): a B=1 decode 27.3
+    against 40.1 ms in float32 (half the weight bytes), B=16 50.2 against 79.2, a 256-token
+    prefill 148 against 272 ms (AMX's bfloat16 tiles).
     """
 
-    def __init__(self, weight: torch.Tensor, pack: bool = True):
+    def __init__(self, weight: torch.Tensor, pack: bool = True, dtype: torch.dtype = torch.float32):
         super().__init__()
+        if dtype is torch.bfloat16 and not bf16_available():
+            raise RuntimeError("bf16 weights need a CPU that multiplies bfloat16 natively (AMX or AVX512-BF16) "
+                               "and torch's oneDNN")
         self.out_features, self.in_features = weight.shape
-        self.packed = pack and onednn_linear_available()
+        self.dtype = dtype
+        self.packed = dtype is torch.bfloat16 or (pack and onednn_linear_available())
         if self.packed:
             # Opaque oneDNN tensor; the dense copy can be freed by the caller.
             self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(
-                weight.contiguous(), None), persistent=False)
+                weight.to(dtype).contiguous(), None), persistent=False)
         else:
             self.weight = frozen(weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed:
+        if not self.packed:
+            return F.linear(x, self.weight)
+        if self.dtype is torch.float32:
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
-        return F.linear(x, self.weight)
-
-
-class BF16Linear(nn.Module):
-    """``y ~= x @ W.T`` with W and x rounded to bfloat16 and products summed in float32 (oneDNN's
-    packed layout); returns float32, so the residual stream, norms and attention stay float32.
-
-    Measured on the 2-vCPU Xeon with AMX (bench/graph_profile.py, two threads): a B=1 decode 27.3
-    against 40.1 ms in float32 (half the weight bytes), B=16 50.2 against 79.2, a 256-token prefill
-    148 against 272 ms (AMX's bfloat16 tiles).
-    """
-
-    def __init__(self, weight: torch.Tensor):
-        super().__init__()
-        if not bf16_available():
-            raise RuntimeError("bf16 weights need a CPU that multiplies bfloat16 natively (AMX or AVX512-BF16) "
-                               "and torch's oneDNN")
-        self.out_features, self.in_features = weight.shape
-        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(
-            weight.to(torch.bfloat16).contiguous(), None), persistent=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.ops.mkldnn._linear_pointwise(x.to(torch.bfloat16), self.weight, None, "none", [], "")
-        return y.float()
+        return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, None, "none", [], "").float()
 
 
 def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat) -> nn.Module:
     """The linear module of format `fmt` for `weight` [out, in] (`pack`: oneDNN's layout for fp32)."""
     if fmt is WeightFormat.INT8:
         return Int8Linear(weight)
-    if fmt is WeightFormat.BF16:
-        return BF16Linear(weight)
-    return Linear(weight, pack)
+    return Linear(weight, pack, torch.bfloat16 if fmt is WeightFormat.BF16 else torch.float32)
