@@ -22,6 +22,7 @@ from typing import Callable, Sequence
 
 from helios.errors import HeliosError, InvalidCompletion, InvalidRequest
 from helios.runtime.checkpoint_admission import checkpoint_match
+from helios.runtime.decisions import DEFAULT_DECISIONS, DecisionLog
 from helios.runtime.host_times import HostTimes
 from helios.runtime.publication import Publication
 from helios.runtime.step import StepLoop, visible_tokens
@@ -54,6 +55,7 @@ class RuntimeStats:
     loop_wakeups: int = 0
     decisions: HostTimes = field(default_factory=HostTimes)  # plan and commit of each dispatched frame
     completions: HostTimes = field(default_factory=HostTimes)  # complete and publish of each finished frame
+    output_tokens: int = 0  # tokens committed to streams (EOS included), as they are published
 
 
 class Runtime:
@@ -61,10 +63,12 @@ class Runtime:
 
     `on_finish(stream)` runs on the runtime thread, under the scheduler lock, when a stream
     ends: keep it short (e.g. record stream.metrics and stream.usage).
+    `decision_log`: how many decisions `decisions` (helios.runtime.decisions) keeps; 0: none.
     """
 
     def __init__(self, scheduler, core, *, tokenizer=None, clock: Callable[[], int] = time.monotonic_ns,
-                 on_finish: Callable[[RequestStream], None] | None = None, idle_poll_s: float = 0.05):
+                 on_finish: Callable[[RequestStream], None] | None = None, idle_poll_s: float = 0.05,
+                 decision_log: int = DEFAULT_DECISIONS):
         self.scheduler = scheduler
         self.core = core
         self.tokenizer = tokenizer
@@ -81,8 +85,10 @@ class Runtime:
         self._dispatched: dict[int, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
         self._frame_logprobs: dict = {}  # the finishing frame's Execution.logprobs
         # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
+        # The scheduler's last decisions, recorded by reference and formatted when read (/debug/decisions).
+        self.decisions = DecisionLog(decision_log, clock(), time.time_ns()) if decision_log else None
         self._step = StepLoop(scheduler, clock, self._worker.detach,
-                              on_decision=lambda ns: self.stats.decisions.observe(ns))
+                              on_decision=lambda ns: self.stats.decisions.observe(ns), decisions=self.decisions)
         self._accepting = False
         self._running = False
         self._threads: list[threading.Thread] = []
@@ -176,6 +182,8 @@ class Runtime:
                                              include_stop=params.include_stop_str_in_output,
                                              skip_special=params.skip_special_tokens)
             # Queued before any execute that can include the handle: the worker is FIFO.
+            if self.decisions is not None:
+                self.decisions.name(handle, params.request_id, getattr(spec, "service_class", None))
             self._worker.attach(handle, prompt, options)
             self._step.attached(handle)
             self.stats.submitted += 1
@@ -265,6 +273,7 @@ class Runtime:
         if stream is None or pub is None:
             return False  # already ended on the host side (cancelled, stopped, failed)
         stream._count(len(g.tokens))
+        self.stats.output_tokens += len(g.tokens)
         # A burst's entries are aligned with its record's tokens; a stripped EOS is the last one.
         piece = pub.feed(visible_tokens(g), self._frame_logprobs.get(g.handle))
         if g.finish is not None and not piece.stopped:

@@ -61,12 +61,15 @@ class StepLoop:
     detach       the core's detach (a threaded host queues it behind the core's earlier work)
     on_decision  given the host time (ns, from `timer`) of each dispatched frame's decision:
                  advancing the clock, the preemption check, plan and commit
+    decisions    a DecisionLog (helios.runtime.decisions) that records each committed plan and
+                 each completed frame's measured duration, by reference (None: no log)
     """
 
     def __init__(self, scheduler: SchedulerProtocol, clock: Callable[[], int],
                  detach: Callable[[RequestHandle], None], on_decision: Callable[[int], None] | None = None,
-                 timer: Callable[[], int] = time.perf_counter_ns):
+                 timer: Callable[[], int] = time.perf_counter_ns, decisions=None):
         self.scheduler = scheduler
+        self.decisions = decisions
         self._on_decision = on_decision
         self._timer = timer
         self.fence = 0  # the last fence handed out
@@ -108,6 +111,8 @@ class StepLoop:
                 break
             self.fence += 1
             self.scheduler.commit(plan, self.fence)
+            if self.decisions is not None:  # part of the decision's timed cost: it is on the hot path
+                self.decisions.record(plan, self.fence, now, self.scheduler.selection_detail(plan))
             if self._on_decision is not None:
                 self._on_decision(self._timer() - start)
             submit(plan, self.fence)
@@ -120,6 +125,8 @@ class StepLoop:
         and returns whether it made anything visible. InvalidCompletion leaves all state as it
         was (resolve the frame with `fail`)."""
         out = complete(self.scheduler, fence, result)
+        if self.decisions is not None:
+            self.decisions.measured(fence, result.timing.cost_sample_ns() or result.duration_ns or None)
         visible = []
         for g in out:
             if g.finish is not None:

@@ -65,6 +65,8 @@ class Scheduler:
         self.stats = ExecutionStats()
         self.exploration = Exploration(self.config.funded_exploration)  # timing refresh, acceptance learning
         self.traces = TraceLog(4096, self.exploration.refresh.den, self.exploration.learning.den)
+        # (plan, view, candidates, chosen) of the last selection.plan call: references, never copied.
+        self.last_selection: tuple | None = None
         self.now_ns = 0
         self._next_handle = 0
         self._last_fence: Fence | None = None
@@ -190,6 +192,13 @@ class Scheduler:
     # ---- planning (selection.py) -------------------------------------------------------
     def plan(self) -> ScheduledPlan | None:
         return selection.plan(self)  # the view, every family's candidates, the winner
+
+    def selection_detail(self, plan: ScheduledPlan) -> tuple | None:
+        """(planning view, evaluated candidates, chosen candidate) of the plan() call that returned
+        `plan`, or None (another call since, or a selector without value rates). Read-only
+        references for the decision log (helios.runtime.decisions): nothing is copied or computed."""
+        last = self.last_selection
+        return last[1:] if last is not None and last[0] is plan else None
 
     # Accessors of selection.derived (estimates-only values, cached against the cost table).
     def _normalizers(self) -> Normalizers:

@@ -75,6 +75,9 @@ class SchedulerProtocol(Protocol):
         plans snapshot and restore graphs); the step loop then calls `preempt_due` before planning."""
     def preempt_due(self, now_ns: int) -> list[RequestHandle]:
         """Preempt the resident decoders the automatic policy names at `now_ns`; their handles."""
+    def selection_detail(self, plan: ScheduledPlan) -> tuple | None:
+        """(view, candidates, chosen candidate) behind `plan`, as references (None: not known);
+        the decision log formats them only when someone reads it."""
     def restores_checkpoints(self) -> bool:
         """True when admission may carry `cached_tokens` that the scheduler restores through a
         RESTORE graph before prefilling the rest (and terminal captures feed the store)."""

@@ -202,4 +202,6 @@ def plan(sched) -> ScheduledPlan | None:
                                        None if prompts is None else prompts[0], view.waiting, budget)
     # Funded exploration may displace the ordinary winner.
     chosen, reason = sched.exploration.choose(sched, candidates, best(candidates), view, costs, device)
-    return plan_from(sched, chosen, view, reason)
+    plan = plan_from(sched, chosen, view, reason)
+    sched.last_selection = (plan, view, candidates, chosen)  # references only (Scheduler.selection_detail)
+    return plan

@@ -1,0 +1,106 @@
+"""The decision log: a bounded ring of the scheduler's last decisions, formatted only when read.
+
+The step loop records each committed plan with references to what the scheduler already built to
+choose it (`SchedulerProtocol.selection_detail`: the planning view and the evaluated candidates).
+Recording appends one tuple to a deque; nothing is copied, sorted or converted on the hot path.
+Reading (`since`, `drain`) turns entries into plain dicts (helios.runtime.decision_format) and
+keeps the dicts, so each decision is formatted once however often it is read.
+
+Thread use: the runtime thread records (under the runtime's lock); HTTP threads read. A deque's
+append and `list(deque)` are each atomic under the GIL, and a recorded entry is never changed, so
+readers take no lock: the worst a reader sees is a ring one decision older than the writer's.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from helios.runtime.decision_format import describe
+
+DEFAULT_DECISIONS = 1024
+
+
+class DecisionLog:
+    """The last `maxlen` decisions. `clock_origin_ns`: the scheduler time shown as t = 0 (the
+    server's start; 0 on a simulator's virtual clock). `epoch_ns`: the wall-clock time at that
+    origin (Unix ns), or None where time is virtual."""
+
+    def __init__(self, maxlen: int = DEFAULT_DECISIONS, clock_origin_ns: int = 0, epoch_ns: int | None = None):
+        if maxlen < 1:
+            raise ValueError(f"a decision log holds at least one decision, got {maxlen}")
+        self.maxlen = maxlen
+        self.origin_ns = clock_origin_ns
+        self.epoch_ns = epoch_ns
+        self._raw: deque = deque(maxlen=maxlen)  # (fence, now_ns, plan, detail)
+        self._measured: deque = deque(maxlen=maxlen)  # (fence, measured ns)
+        self._formatted: dict[int, dict] = {}  # fence -> dict, for fences still in the ring
+        self._names: dict[int, tuple] = {}  # handle -> (request id, class)
+        self.recorded = 0  # decisions recorded since the start (the ring holds the last maxlen)
+
+    # ---- the hot path: references only ---------------------------------------------------------
+    def record(self, plan, fence: int, now_ns: int, detail) -> None:
+        """One committed decision: the plan and its selection detail (or None), by reference."""
+        self._raw.append((fence, now_ns, plan, detail))
+        self.recorded += 1
+
+    def measured(self, fence: int, ns: int | None) -> None:
+        """The measured duration of a completed frame (None: no valid timing)."""
+        self._measured.append((fence, ns))
+
+    def name(self, handle: int, request_id: str | None, service_class: str | None = None) -> None:
+        """What a reader calls a request (its API id and service class), once at admission. The
+        names are kept for the last few thousand requests, past their end, so the ring's older
+        decisions still show them."""
+        names = self._names
+        names[handle] = (request_id, service_class)
+        if len(names) > 4 * self.maxlen + 4096:  # dicts keep insertion order: the oldest go first
+            for old in list(names)[: len(names) // 2]:
+                del names[old]
+
+    # ---- reading: format on demand ------------------------------------------------------------
+    @property
+    def last(self) -> int:
+        """The newest recorded decision's sequence number (its fence), 0 before the first."""
+        raw = self._raw
+        return raw[-1][0] if raw else 0
+
+    def since(self, seq: int = 0, limit: int | None = None) -> list[dict]:
+        """Formatted decisions with a sequence number above `seq`, oldest first (at most the last
+        `limit` of them)."""
+        entries = [e for e in list(self._raw) if e[0] > seq]
+        if limit is not None:
+            entries = entries[-limit:] if limit > 0 else []
+        return self._format(entries)
+
+    def drain(self) -> list[dict]:
+        """Every decision recorded since the last drain, formatted, and empties the ring (the
+        simulator writes the whole run this way; a server reads with `since`)."""
+        entries = list(self._raw)
+        self._raw.clear()
+        out = self._format(entries)
+        self._formatted.clear()
+        return out
+
+    def _format(self, entries: list) -> list[dict]:
+        measured = dict(self._measured)
+        cache, out = self._formatted, []
+        for fence, now_ns, plan, detail in entries:
+            d = cache.get(fence)
+            if d is None:
+                d = cache[fence] = describe(fence, self._seconds(now_ns), plan, detail, self._names)
+            ns = measured.get(fence)
+            if ns is not None and d["measured_ms"] is None:
+                d["measured_ms"] = ns / 1e6
+            out.append(d)
+        if len(cache) > self.maxlen:  # forget the fences that left the ring
+            oldest = self._raw[0][0] if self._raw else 0
+            for fence in [f for f in cache if f < oldest]:
+                del cache[fence]
+        return out
+
+    def _seconds(self, now_ns: int) -> float:
+        return (now_ns - self.origin_ns) / 1e9
+
+    def wall_time(self, t: float) -> float | None:
+        """Unix seconds of a decision's `t` (None on a virtual clock)."""
+        return None if self.epoch_ns is None else self.epoch_ns / 1e9 + t
+
