@@ -17,6 +17,8 @@ from helios.runtime.runtime import Runtime, RuntimeClosed
 from helios.runtime.stream import RequestStream
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
+from helios.server.debug import install_debug
+from helios.server.live_stats import LiveStats
 from helios.server.errors import APIError, install_handlers
 from helios.server.logprobs import LogprobsFormatter
 from helios.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -43,6 +45,7 @@ class Service:
         self.backend = backend
         self.settings = settings
         self.metrics = ServerMetrics()
+        self.live_stats = LiveStats()  # recent latencies for /debug/stats and the dashboard
         self.runtime = Runtime(backend.scheduler, backend.core, tokenizer=backend.tokenizer,
                                on_finish=self._on_finish)
         self.metrics.attach(self.runtime)
@@ -71,6 +74,7 @@ class Service:
         with self._lock:
             self._live -= 1
         self.metrics.observe(stream)
+        self.live_stats.observe(stream)
 
     def check_admission(self, sequences: int = 1) -> None:
         """Refuse a request whose `sequences` (its choices) the admission bound cannot take now."""
@@ -162,6 +166,7 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
         req = parse_body(ChatCompletionRequest, await _read_body(request, service.settings.max_body_bytes))
         return await _serve(request, service, req, chat=True)
 
+    install_debug(app, service)  # /debug/decisions (+ stream), /debug/stats, /dashboard
     app.openapi = lambda: _openapi(app)
     return app
 
