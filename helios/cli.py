@@ -11,6 +11,10 @@ def _sim(args: argparse.Namespace) -> int:
 
     if getattr(args, "sim_command", None) == "report":
         return _sim_report(args)
+    if getattr(args, "sim_command", None) in ("run", "explain"):
+        from helios.sim.explain_cli import run_command
+
+        return run_command(args)
     if not args.demo:
         print("flare sim: choose --demo (trace-driven runs arrive with `flare sim report`)", file=sys.stderr)
         return 2
@@ -154,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--prefill-capacity", type=positive_int, metavar="TOKENS",
                         help="the most prompt tokens one prefill graph of the engine takes (B x C): 64, 128, "
                              "..., 4096 (default 2048); the load and SLOs stay those of the full catalog")
+    from helios.sim.explain_cli import add_parsers as add_explain_parsers
+
+    add_explain_parsers(sim_sub)  # `flare sim run` (a run with its decision log) and `flare sim explain`
     bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
     bench.add_argument("--iterations", type=positive_int, default=300)
     bench.set_defaults(func=_bench)

@@ -116,7 +116,8 @@ def prices(view, names: dict, top: int = TOP_PRICES) -> dict:
             "decoding_count": len(decode.handles), "waiting_count": len(waiting_h)}
 
 
-def describe(fence: int, t: float, plan, detail, names: dict) -> dict:
+def describe(fence: int, t: float, plan, detail, names: dict, top_prices: int = TOP_PRICES,
+             top_alternatives: int = TOP_ALTERNATIVES) -> dict:
     """A recorded decision as a JSON-ready dict (`detail`: (view, candidates, chosen) or None)."""
     lanes = plan.lanes
     cohort = []
@@ -134,7 +135,7 @@ def describe(fence: int, t: float, plan, detail, names: dict) -> dict:
            "alternatives": [], "candidates": None, "prices": None}
     if detail is not None:
         view, candidates, chosen = detail
-        out["alternatives"] = alternatives(view, candidates, chosen, plan.log_scale, names)
+        out["alternatives"] = alternatives(view, candidates, chosen, plan.log_scale, names, top_alternatives)
         out["candidates"] = len(candidates)
-        out["prices"] = prices(view, names)
+        out["prices"] = prices(view, names, top_prices)
     return out

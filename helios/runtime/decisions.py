@@ -14,9 +14,18 @@ readers take no lock: the worst a reader sees is a ring one decision older than 
 from __future__ import annotations
 
 from collections import deque
-from helios.runtime.decision_format import describe
+from helios.runtime.decision_format import TOP_ALTERNATIVES, TOP_PRICES, describe
 
-DEFAULT_DECISIONS = 1024
+# 256 by default: each entry keeps the decision's view and candidates alive (about a dozen
+# GC-tracked objects), and a longer ring makes the collector's passes measurably longer
+# (bench/decision_log.py). A dashboard polling once a second needs the last second's decisions.
+DEFAULT_DECISIONS = 256
+
+
+def service_class(obj) -> str | None:
+    """A request's service class (its RequestSpec's or SamplingParams' `service_class`), or None."""
+    value = getattr(obj, "service_class", None)
+    return None if value is None else str(value)
 
 
 class DecisionLog:
@@ -24,10 +33,13 @@ class DecisionLog:
     server's start; 0 on a simulator's virtual clock). `epoch_ns`: the wall-clock time at that
     origin (Unix ns), or None where time is virtual."""
 
-    def __init__(self, maxlen: int = DEFAULT_DECISIONS, clock_origin_ns: int = 0, epoch_ns: int | None = None):
+    def __init__(self, maxlen: int = DEFAULT_DECISIONS, clock_origin_ns: int = 0, epoch_ns: int | None = None,
+                 top_prices: int = TOP_PRICES, top_alternatives: int = TOP_ALTERNATIVES):
         if maxlen < 1:
             raise ValueError(f"a decision log holds at least one decision, got {maxlen}")
         self.maxlen = maxlen
+        self.top_prices = top_prices  # prices shown per group (the simulator keeps them all)
+        self.top_alternatives = top_alternatives
         self.origin_ns = clock_origin_ns
         self.epoch_ns = epoch_ns
         self._raw: deque = deque(maxlen=maxlen)  # (fence, now_ns, plan, detail)
@@ -71,13 +83,20 @@ class DecisionLog:
             entries = entries[-limit:] if limit > 0 else []
         return self._format(entries)
 
-    def drain(self) -> list[dict]:
-        """Every decision recorded since the last drain, formatted, and empties the ring (the
-        simulator writes the whole run this way; a server reads with `since`)."""
-        entries = list(self._raw)
-        self._raw.clear()
+    @property
+    def pending(self) -> int:
+        """Decisions in the ring (recorded, not drained)."""
+        return len(self._raw)
+
+    def drain(self, keep: int = 0) -> list[dict]:
+        """The decisions in the ring but its newest `keep`, formatted, removed from the ring (the
+        simulator writes a whole run this way, keeping the frames still in flight, whose measured
+        durations are yet to come; a server reads with `since`)."""
+        raw = self._raw
+        entries = [raw.popleft() for _ in range(max(0, len(raw) - keep))]
         out = self._format(entries)
-        self._formatted.clear()
+        for d in out:
+            self._formatted.pop(d["seq"], None)
         return out
 
     def _format(self, entries: list) -> list[dict]:
@@ -86,7 +105,8 @@ class DecisionLog:
         for fence, now_ns, plan, detail in entries:
             d = cache.get(fence)
             if d is None:
-                d = cache[fence] = describe(fence, self._seconds(now_ns), plan, detail, self._names)
+                d = cache[fence] = describe(fence, self._seconds(now_ns), plan, detail, self._names, self.top_prices,
+                                                  self.top_alternatives)
             ns = measured.get(fence)
             if ns is not None and d["measured_ms"] is None:
                 d["measured_ms"] = ns / 1e6

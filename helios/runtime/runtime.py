@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from helios.errors import HeliosError, InvalidCompletion, InvalidRequest
 from helios.runtime.checkpoint_admission import checkpoint_match
-from helios.runtime.decisions import DEFAULT_DECISIONS, DecisionLog
+from helios.runtime.decisions import DEFAULT_DECISIONS, DecisionLog, service_class
 from helios.runtime.host_times import HostTimes
 from helios.runtime.publication import Publication
 from helios.runtime.step import StepLoop, visible_tokens
@@ -183,7 +183,7 @@ class Runtime:
                                              skip_special=params.skip_special_tokens)
             # Queued before any execute that can include the handle: the worker is FIFO.
             if self.decisions is not None:
-                self.decisions.name(handle, params.request_id, getattr(spec, "service_class", None))
+                self.decisions.name(handle, params.request_id, service_class(spec))
             self._worker.attach(handle, prompt, options)
             self._step.attached(handle)
             self.stats.submitted += 1

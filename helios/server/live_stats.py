@@ -12,17 +12,12 @@ from collections import deque
 
 import numpy as np
 
+from helios.runtime.decisions import service_class
 from helios.runtime.stream import RequestStream
 
 WINDOW_S = 60.0
 MAX_REQUESTS = 4096  # the window also holds at most this many finished requests
 PERCENTILES = (50, 90, 99)
-
-
-def service_class(obj) -> str | None:
-    """A request's service class (RequestSpec or SamplingParams), or None without classes."""
-    value = getattr(obj, "service_class", None)
-    return None if value is None else str(value)
 
 
 def percentiles(values_ms) -> dict | None:

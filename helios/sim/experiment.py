@@ -275,8 +275,9 @@ class RunResult:
 
 def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup, *, seed: int = 0,
                  slo: SLO, arrival_window_ns: int | None = None, progress: bool | None = None,
-                 scale: float = 1.0) -> RunResult:
+                 scale: float = 1.0, decisions=None) -> RunResult:
     """Simulate `requests` (already at their final rate) to completion; deterministic given `seed`.
+    decisions: a DecisionLog (helios.runtime.decisions); the run's decisions are then in sim.decision_log.
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
@@ -298,7 +299,7 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
         last[0] = step.end_ns
 
     sim = Simulation(sched, core, on_step=tick if bar is not None else None,
-                     prefix_cache=prefix_cache_for(setup, scheduler))
+                     prefix_cache=prefix_cache_for(setup, scheduler), decisions=decisions)
     sim.add(to_arrivals(requests))
     try:
         sim.run()

@@ -23,6 +23,7 @@ from enum import IntEnum
 from typing import Callable, Iterable
 
 from helios.engine.core import Execution
+from helios.runtime.decisions import service_class
 from helios.runtime.step import StepLoop, visible_tokens
 from helios.scheduler.plan import FinishReason, GeneratedToken, ScheduledPlan
 from helios.scheduler.request_spec import RequestSpec
@@ -82,7 +83,7 @@ class StepLog:
 
 class Simulation:
     def __init__(self, scheduler, core, *, on_step: Callable[[StepLog], None] | None = None,
-                 prefix_cache=None):
+                 prefix_cache=None, decisions=None):
         self.scheduler = scheduler
         self.core = core
         self.on_step = on_step
@@ -97,7 +98,11 @@ class Simulation:
         self.steps: list[StepLog] = []
         self._events: list = []
         self._seq = 0
-        self.loop = StepLoop(scheduler, lambda: self.now_ns, core.detach if prefix_cache is None else self._detach)
+        self.loop = StepLoop(scheduler, lambda: self.now_ns, core.detach if prefix_cache is None else self._detach,
+                             decisions=decisions)
+        # With a DecisionLog (helios.runtime.decisions): every decision of the run, formatted, in order.
+        self.decisions = decisions
+        self.decision_log: list[dict] = []
 
     def push(self, time_ns: int, kind: EventKind, payload) -> None:
         heapq.heappush(self._events, (time_ns, int(kind), self._seq, payload))
@@ -130,6 +135,10 @@ class Simulation:
             self.loop.dispatch(self._submit)
             if self.prefix_cache is not None:
                 self._fit()
+            if self.decisions is not None and self.decisions.pending >= self.decisions.maxlen // 2:
+                self.decision_log += self.decisions.drain(keep=4)  # in flight: measured later
+        if self.decisions is not None:
+            self.decision_log += self.decisions.drain(keep=0 if not self._events else 4)
 
     def _arrive(self, a: Arrival) -> None:
         spec, cached = a.spec, 0
@@ -145,6 +154,8 @@ class Simulation:
         self.core.attach(handle, spec.prompt_tokens, output_len=a.output_len)
         self.loop.attached(handle)
         self.logs[handle] = RequestLog(self.now_ns, a.client, spec.prompt_tokens, cached_tokens=cached)
+        if self.decisions is not None:
+            self.decisions.name(handle, None, service_class(spec))
 
     def _detach(self, handle: int) -> None:
         self.core.detach(handle)
