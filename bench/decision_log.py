@@ -5,10 +5,15 @@ are driven through the production step loop, one with a DecisionLog and one with
 blocks of BLOCK decisions alternating which goes first, so both see the same machine load. Both
 make the same decisions (the log never changes the scheduler). Printed: the mean decision (step
 loop dispatch: plan, commit and, with the log, its record) and completion (complete, publish, and
-the measured duration) per frame in microseconds, the ratio on/off, and the decision's ratio to
-the catalog's shortest decode graph. Then the cost of formatting the ring once read.
+the measured duration) per frame in microseconds, the median on/off ratio of paired blocks, the
+record call alone, the garbage collector's time per decision with and without the ring (its entries
+keep each decision's view and candidates alive), their sum as a share of the decision ("added"),
+the decision's ratio to the catalog's shortest decode graph, and the cost of formatting the ring
+once read (per decision).
 Run: PYTHONPATH=. .venv/bin/python bench/decision_log.py [decisions]"""
 
+import gc
+import statistics
 import sys
 import time
 
@@ -21,7 +26,7 @@ from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Sch
 from helios.sim.overhead import bench_catalog
 from helios.sim.synthetic_cost import SyntheticCostModel
 
-BLOCK = 50
+BLOCK = 20
 
 
 class Driven:
@@ -58,38 +63,72 @@ class Driven:
         return t1 - t0, time.perf_counter() - t2
 
 
-def compare(active: int, decisions: int) -> dict:
+class GcTimer:
+    """Time the cyclic garbage collector spends, by gc callbacks (the log keeps objects alive longer)."""
+
+    def __init__(self):
+        self.total = 0.0
+        self._start = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase, info):
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.total += time.perf_counter() - self._start
+
+
+def compare(active: int, decisions: int, gc_timer: GcTimer) -> dict:
     log = DecisionLog()
     off, on = Driven(active, None), Driven(active, log)
-    for d in (off, on):  # past the prompts, into steady decoding
-        for _ in range(active + 20):
+    for d in (off, on):  # past the prompts, into steady decoding, with the ring full
+        for _ in range(active + log.maxlen + 20):
             d.step()
-    spent = {id(off): [0.0, 0.0], id(on): [0.0, 0.0]}
+    spent = {id(off): [0.0, 0.0, 0.0], id(on): [0.0, 0.0, 0.0]}
+    ratios = []
     for block in range(decisions // BLOCK):
+        pair = {}
         for d in ((off, on) if block % 2 == 0 else (on, off)):
-            acc = spent[id(d)]
+            acc, gc0, t = spent[id(d)], gc_timer.total, 0.0
             for _ in range(BLOCK):
                 a, b = d.step()
-                acc[0] += a
+                t += a
                 acc[1] += b
+            acc[0] += t
+            acc[2] += gc_timer.total - gc0
+            pair[id(d)] = t
+        ratios.append(pair[id(on)] / pair[id(off)])
     n = decisions // BLOCK * BLOCK
+    # The record itself, alone: what the step loop adds per decision besides the collector.
+    plan = on.frame[0]
+    detail = on.sched.selection_detail(plan)
+    t0 = time.perf_counter()
+    for i in range(20_000):
+        log.record(plan, i, 0, on.sched.selection_detail(plan))
+    record_us = (time.perf_counter() - t0) / 20_000 * 1e6
+    del detail
     t0 = time.perf_counter()
     formatted = log.since(0)
     fmt_us = (time.perf_counter() - t0) / max(1, len(formatted)) * 1e6
     off_us, on_us = spent[id(off)][0] / n * 1e6, spent[id(on)][0] / n * 1e6
-    return {"active": active, "off_us": off_us, "on_us": on_us, "ratio": on_us / off_us,
-            "complete_off_us": spent[id(off)][1] / n * 1e6, "complete_on_us": spent[id(on)][1] / n * 1e6,
-            "of_shortest": on_us * 1e3 / on.shortest, "format_us": fmt_us, "held": len(formatted)}
+    gc_off, gc_on = spent[id(off)][2] / n * 1e6, spent[id(on)][2] / n * 1e6
+    return {"active": active, "off_us": off_us, "on_us": on_us, "median_ratio": statistics.median(ratios),
+            "record_us": record_us, "gc_off_us": gc_off, "gc_on_us": gc_on,
+            "added": (record_us + max(0.0, gc_on - gc_off)) / off_us,
+            "of_shortest": on_us * 1e3 / on.shortest, "format_us": fmt_us}
 
 
 def main(decisions: int = 1000) -> None:
-    print(f"{'active':>6}  {'decision off (us)':>17}  {'on (us)':>8}  {'on/off':>7}  {'completion off/on (us)':>22}  "
-          f"{'on / shortest decode':>20}  {'format when read (us/decision)':>30}")
+    timer = GcTimer()
+    print(f"{'active':>6}  {'decision off / on (us)':>22}  {'median on/off':>13}  {'record (us)':>11}  "
+          f"{'gc off / on (us)':>16}  {'added':>6}  {'on / shortest decode':>20}  {'format (us)':>11}")
     for active in (1, 16, 64):
-        r = compare(active, decisions)
-        print(f"{r['active']:>6}  {r['off_us']:>17.1f}  {r['on_us']:>8.1f}  {r['ratio']:>7.3f}  "
-              f"{r['complete_off_us']:>10.1f} / {r['complete_on_us']:<9.1f}  {r['of_shortest']:>20.2%}  "
-              f"{r['format_us']:>30.1f}")
+        r = compare(active, decisions, timer)
+        print(f"{r['active']:>6}  {r['off_us']:>10.1f} / {r['on_us']:<9.1f}  {r['median_ratio']:>13.3f}  "
+              f"{r['record_us']:>11.2f}  {r['gc_off_us']:>7.2f} / {r['gc_on_us']:<6.2f}  {r['added']:>6.2%}  "
+              f"{r['of_shortest']:>20.2%}  {r['format_us']:>11.1f}")
+    print("added = (record + the collector's extra time) / decision with the log off; median on/off: of "
+          f"paired {BLOCK}-decision blocks (noisy on a shared machine)")
 
 
 if __name__ == "__main__":

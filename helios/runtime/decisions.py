@@ -14,12 +14,14 @@ readers take no lock: the worst a reader sees is a ring one decision older than 
 from __future__ import annotations
 
 from collections import deque
+from typing import NamedTuple
 from helios.runtime.decision_format import TOP_ALTERNATIVES, TOP_PRICES, describe
 
 # 256 by default: each entry keeps the decision's view and candidates alive (about a dozen
 # GC-tracked objects), and a longer ring makes the collector's passes measurably longer
 # (bench/decision_log.py). A dashboard polling once a second needs the last second's decisions.
 DEFAULT_DECISIONS = 256
+DETAIL_TTL_NS = 10_000_000_000  # alternatives and prices are kept this long after a read
 
 
 def service_class(obj) -> str | None:
@@ -28,30 +30,58 @@ def service_class(obj) -> str | None:
     return None if value is None else str(value)
 
 
+class Decided(NamedTuple):
+    """The fields of a committed plan that a decision shows (the plan itself is not kept)."""
+
+    shape: object
+    lanes: object
+    estimated_duration_ns: int | None
+    score: float
+    log_scale: float
+    reason: object
+    private_state: bool
+    anchor: bool
+
+
 class DecisionLog:
     """The last `maxlen` decisions. `clock_origin_ns`: the scheduler time shown as t = 0 (the
     server's start; 0 on a simulator's virtual clock). `epoch_ns`: the wall-clock time at that
-    origin (Unix ns), or None where time is virtual."""
+    origin (Unix ns), or None where time is virtual. `always_detail`: keep every decision's
+    selection detail (alternatives, prices); otherwise only while someone reads the log (a read
+    in the last DETAIL_TTL_NS of scheduler time), since holding each decision's view and
+    candidates for a while makes the garbage collector's passes longer (bench/decision_log.py)."""
 
     def __init__(self, maxlen: int = DEFAULT_DECISIONS, clock_origin_ns: int = 0, epoch_ns: int | None = None,
-                 top_prices: int = TOP_PRICES, top_alternatives: int = TOP_ALTERNATIVES):
+                 top_prices: int = TOP_PRICES, top_alternatives: int = TOP_ALTERNATIVES,
+                 always_detail: bool = False):
         if maxlen < 1:
             raise ValueError(f"a decision log holds at least one decision, got {maxlen}")
         self.maxlen = maxlen
         self.top_prices = top_prices  # prices shown per group (the simulator keeps them all)
         self.top_alternatives = top_alternatives
+        self.always_detail = always_detail
         self.origin_ns = clock_origin_ns
         self.epoch_ns = epoch_ns
-        self._raw: deque = deque(maxlen=maxlen)  # (fence, now_ns, plan, detail)
+        # (fence, now_ns, the Decided fields..., detail): one flat tuple, the fewest objects kept alive.
+        self._raw: deque = deque(maxlen=maxlen)
         self._measured: deque = deque(maxlen=maxlen)  # (fence, measured ns)
         self._formatted: dict[int, dict] = {}  # fence -> dict, for fences still in the ring
         self._names: dict[int, tuple] = {}  # handle -> (request id, class)
         self.recorded = 0  # decisions recorded since the start (the ring holds the last maxlen)
+        self._reads = self._reads_seen = 0
+        self._detail_until = -1
 
     # ---- the hot path: references only ---------------------------------------------------------
     def record(self, plan, fence: int, now_ns: int, detail) -> None:
-        """One committed decision: the plan and its selection detail (or None), by reference."""
-        self._raw.append((fence, now_ns, plan, detail))
+        """One committed decision: the plan's fields and its selection detail (or None), by reference."""
+        if detail is not None and not self.always_detail:
+            if self._reads != self._reads_seen:  # someone read since the last decision
+                self._reads_seen = self._reads
+                self._detail_until = now_ns + DETAIL_TTL_NS
+            if now_ns > self._detail_until:
+                detail = None
+        self._raw.append((fence, now_ns, plan.shape, plan.lanes, plan.estimated_duration_ns, plan.score,
+                          plan.log_scale, plan.reason, plan.private_state, plan.anchor, detail))
         self.recorded += 1
 
     def measured(self, fence: int, ns: int | None) -> None:
@@ -78,6 +108,7 @@ class DecisionLog:
     def since(self, seq: int = 0, limit: int | None = None) -> list[dict]:
         """Formatted decisions with a sequence number above `seq`, oldest first (at most the last
         `limit` of them)."""
+        self._reads += 1
         entries = [e for e in list(self._raw) if e[0] > seq]
         if limit is not None:
             entries = entries[-limit:] if limit > 0 else []
@@ -102,11 +133,11 @@ class DecisionLog:
     def _format(self, entries: list) -> list[dict]:
         measured = dict(self._measured)
         cache, out = self._formatted, []
-        for fence, now_ns, plan, detail in entries:
+        for fence, now_ns, *fields, detail in entries:
             d = cache.get(fence)
             if d is None:
-                d = cache[fence] = describe(fence, self._seconds(now_ns), plan, detail, self._names, self.top_prices,
-                                                  self.top_alternatives)
+                d = cache[fence] = describe(fence, self._seconds(now_ns), Decided(*fields), detail, self._names,
+                                            self.top_prices, self.top_alternatives)
             ns = measured.get(fence)
             if ns is not None and d["measured_ms"] is None:
                 d["measured_ms"] = ns / 1e6

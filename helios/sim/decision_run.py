@@ -43,7 +43,8 @@ def run_and_write(out: str | Path, *, scheduler: str, trace: str, load: float, w
     if not base:
         raise ValueError(f"the first {window_s} s of {trace} hold no request")
     scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)
-    log = DecisionLog(maxlen=4096, top_prices=ALL_PRICES, top_alternatives=ALL_ALTERNATIVES)
+    log = DecisionLog(maxlen=4096, top_prices=ALL_PRICES, top_alternatives=ALL_ALTERNATIVES,
+                      always_detail=True)
     requests = rescale(base, scale)
     result = run_workload(scheduler, requests, setup, seed=seed, slo=default_slo(base, setup), scale=scale,
                           arrival_window_ns=int(window_s / scale * NS_PER_S), decisions=log)

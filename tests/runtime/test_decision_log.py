@@ -49,7 +49,7 @@ def test_every_committed_plan_is_recorded_once_in_fence_order_with_its_measured_
 
 
 def test_the_best_rejected_alternative_never_outranks_an_ordinary_winner_and_prices_are_sorted():
-    sim = _sim(DecisionLog(maxlen=64, top_prices=64, top_alternatives=8))
+    sim = _sim(DecisionLog(maxlen=64, top_prices=64, top_alternatives=8, always_detail=True))
     sim.run()
     with_alternatives = 0
     for d in sim.decision_log:
@@ -71,7 +71,7 @@ def test_the_best_rejected_alternative_never_outranks_an_ordinary_winner_and_pri
 
 
 def test_an_alternative_names_the_requests_it_would_have_served():
-    sim = _sim(DecisionLog(maxlen=64, top_alternatives=8))
+    sim = _sim(DecisionLog(maxlen=64, top_alternatives=8, always_detail=True))
     sim.run()
     waiting_alternatives = [(d, a) for d in sim.decision_log for a in d["alternatives"] if a["kind"] == "prefill"]
     assert waiting_alternatives
@@ -112,6 +112,26 @@ def test_names_and_classes_given_at_admission_appear_in_the_cohort():
                               "output_rows": 1, "expected_tokens": d["cohort"][0]["expected_tokens"],
                               "value": d["cohort"][0]["value"]}
     assert d["reason"] == "discovery" and d["estimated_ms"] is None  # nothing was measured yet
+
+
+def test_alternatives_and_prices_are_kept_only_while_someone_reads(monkeypatch):
+    """Nobody reading: the ring keeps each plan's fields only (no view or candidates kept alive).
+    A read keeps the detail of the decisions of the next DETAIL_TTL_NS of scheduler time."""
+    monkeypatch.setattr(decisions_module, "DETAIL_TTL_NS", 100_000_000)  # 0.1 s: within this short run
+    log = DecisionLog(maxlen=512)
+    sim = _sim(None, requests=40)
+    sim.loop.decisions = log
+    sim.run(max_steps=10)
+    unread = log.since(0)
+    assert all(d["prices"] is None and d["candidates"] is None for d in unread)  # recorded unread
+    sim.run(max_steps=20)
+    later = log.since(unread[-1]["seq"])
+    assert later and all(d["prices"] is not None for d in later)  # the first read switched detail on
+    sim.run()  # no read after that second one: once past the TTL, plans only again
+    rest = log.since(later[-1]["seq"])
+    ttl_end = rest[0]["t"] + decisions_module.DETAIL_TTL_NS / 1e9  # from the first decision after the read
+    assert any(d["t"] > ttl_end for d in rest)
+    assert all((d["prices"] is None) == (d["t"] > ttl_end) for d in rest if abs(d["t"] - ttl_end) > 0.005)
 
 
 def test_a_log_holds_at_least_one_decision():
