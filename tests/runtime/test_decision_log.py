@@ -137,3 +137,35 @@ def test_alternatives_and_prices_are_kept_only_while_someone_reads(monkeypatch):
 def test_a_log_holds_at_least_one_decision():
     with pytest.raises(ValueError):
         DecisionLog(maxlen=0)
+
+
+def test_reasons_name_the_execution_class_or_the_prerequisite():
+    from helios.graphs import GraphKind, GraphShape
+    from helios.runtime.decision_format import reason_of
+    from helios.runtime.decisions import Decided
+    from helios.scheduler.plan import SelectionReason
+
+    def reason(kind, why=SelectionReason.ORDINARY, private=False, anchor=False):
+        shape = GraphShape(kind, 1, 64 if kind.is_prefill else 1)
+        return reason_of(Decided(shape, None, 1, 1.0, 0.0, why, private, anchor))
+
+    assert reason(GraphKind.DECODE) == "ordinary"
+    assert reason(GraphKind.DECODE, SelectionReason.TIMING_REFRESH) == "timing_refresh"
+    assert reason(GraphKind.DECODE, SelectionReason.ACCEPTANCE_LEARNING) == "acceptance_probe"
+    assert reason(GraphKind.PREFILL, SelectionReason.DISCOVERY) == "discovery"
+    assert reason(GraphKind.RESTORE) == "prerequisite"
+    assert reason(GraphKind.SNAPSHOT, private=True) == "prerequisite"
+    assert reason(GraphKind.SNAPSHOT, anchor=True) == "checkpoint"
+    assert reason(GraphKind.SNAPSHOT) == "retirement"
+
+
+def test_a_baseline_without_value_rates_still_logs_what_ran():
+    from helios.baselines import make_scheduler
+
+    catalog = ordinary_catalog(max_batch=4, prefill_chunks=(64,))
+    sched = make_scheduler("vllm-fcfs", catalog, None, SchedulerConfig(request_slots=4, kv_pages=256))
+    sim = Simulation(sched, SimCore(catalog, AffineCost(), seed=0), decisions=DecisionLog(always_detail=True))
+    sim.add([Arrival(0, RequestSpec(30, 3)), Arrival(0, RequestSpec(50, 4))])
+    sim.run()
+    assert [d["graph"] for d in sim.decision_log] == [s.label for s in sim.steps]
+    assert all(d["alternatives"] == [] and d["prices"] is None for d in sim.decision_log)
