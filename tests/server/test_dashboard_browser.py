@@ -88,7 +88,7 @@ def test_the_dashboard_fills_with_the_decisions_that_ran(server, tmp_path):
         row = driver.find_element("css selector", "#decisions tr.decision")
         row.click()
         detail = driver.find_element("css selector", "#decisions tr.detail")
-        assert "value rate" in detail.text and "request" in detail.text
+        assert "value rate" in detail.text and "cohort (" in detail.text
         driver.save_screenshot(str(os.environ.get("HELIOS_DASHBOARD_SCREENSHOT") or tmp_path / "dashboard.png"))
         load.join(200)
         assert done == [200] * STREAMS

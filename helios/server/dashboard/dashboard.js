@@ -6,6 +6,7 @@
 const POLL_MS = 1000;
 const HISTORY = 300;     // chart points kept (5 minutes at one poll a second)
 const MAX_ROWS = 400;    // decisions kept in the table
+const COHORT_ROWS = 12;  // cohort lanes listed in an opened row
 const KEY_STORE = "flare-api-key";
 
 const $ = (id) => document.getElementById(id);
@@ -40,7 +41,7 @@ const who = (r) => (r.id || "#" + r.handle) + (r.class ? ` (${r.class})` : "");
 
 // ---- charts --------------------------------------------------------------------------------
 function chartWidth() {
-  return Math.max(300, Math.min(560, Math.floor((window.innerWidth - 80) / 3)));
+  return Math.max(300, Math.min(560, Math.floor((window.innerWidth - 120) / 3)));  // three abreast when they fit
 }
 
 function makeChart(el, lines, yLabel) {
@@ -146,12 +147,10 @@ function decisionRow(d) {
 function detailRow(d) {
   const grid = document.createElement("div");
   grid.className = "detail-grid";
-  grid.appendChild(table(["request", "prompt tokens", "output rows", "lane value"],
-    d.cohort.map((r) => [who(r), r.prompt_tokens, r.output_rows, fmt(r.value)])));
   grid.appendChild(table(["alternative", "est ms", "requests", "value rate", "vs chosen", "would serve"],
     d.alternatives.map((a) => [a.graph, ms(a.estimated_ms), a.cohort_size, fmt(a.value_rate),
       a.value_rate !== null && d.value_rate ? fmt(a.value_rate / d.value_rate, 2) + "×" : "–",
-      a.cohort ? a.cohort.slice(0, 6).map(who).join(", ") + (a.cohort.length > 6 ? ", …" : "") : "–"])));
+      a.cohort ? a.cohort.slice(0, 3).map(who).join(", ") + (a.cohort.length > 3 ? ", …" : "") : "–"])));
   if (d.prices) {
     const p = d.prices;
     grid.appendChild(table([`decoding (${p.decoding_count}): top next-token value`, "price"],
@@ -159,6 +158,9 @@ function detailRow(d) {
     grid.appendChild(table([`waiting (${p.waiting_count}): top prompt-token price`, "price"],
       p.waiting.map((r) => [who(r), fmt(r.price)])));
   }
+  const shown = d.cohort.slice(0, COHORT_ROWS).map((r) => [who(r), r.prompt_tokens, r.output_rows, fmt(r.value)]);
+  if (d.cohort.length > COHORT_ROWS) shown.push([`… ${d.cohort.length - COHORT_ROWS} more`, "", "", ""]);
+  grid.appendChild(table([`cohort (${d.cohort.length})`, "prompt tokens", "output rows", "lane value"], shown));
   const note = document.createElement("div");
   note.className = "sub";
   note.textContent = `execution class ${d.execution_class}; ${d.candidates ?? "?"} candidates evaluated in full ` +
