@@ -84,9 +84,9 @@ class Runtime:
         self._worker = CoreWorker(core, self._post, clock)  # owns the core (helios.runtime.worker)
         self._dispatched: dict[int, tuple[ScheduledPlan, int]] = {}  # fence -> (plan, dispatch ns)
         self._frame_logprobs: dict = {}  # the finishing frame's Execution.logprobs
-        # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
         # The scheduler's last decisions, recorded by reference and formatted when read (/debug/decisions).
         self.decisions = DecisionLog(decision_log, clock(), time.time_ns()) if decision_log else None
+        # Detaches are queued behind the core's earlier work, so the worker stays the only caller.
         self._step = StepLoop(scheduler, clock, self._worker.detach,
                               on_decision=lambda ns: self.stats.decisions.observe(ns), decisions=self.decisions)
         self._accepting = False
