@@ -63,7 +63,9 @@ def grammar_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
 
 class Constraint:
     """One request's grammar state: `mask` the logits of its next position, `consume` what it
-    committed."""
+    committed. A matcher that fails at run time (a parser limit reached mid-output) sets `error`
+    instead of raising, so that only its own row ends (Execution.row_errors) and the rest of the
+    frame completes."""
 
     def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: str):
         if not isinstance(grammar, str):
@@ -73,18 +75,36 @@ class Constraint:
         if self.matcher.is_error():
             raise InvalidRequest(f"the {GRAMMAR_OPTION} option is not a valid serialized grammar: "
                                  f"{self.matcher.get_error()}")
+        self.error: str | None = None
 
     def mask(self, logits: torch.Tensor) -> None:
         """Set the logits [V] of every token the grammar does not allow here to -inf, in place."""
+        if self.error is not None:
+            return
         # One bit per token id, lowest bit first (little-endian int32 words).
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        if self.matcher.is_error():  # the row's sample is discarded: its request ends with the error
+            self._fail()
+            return
         allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[-1]]
         logits.masked_fill_(torch.from_numpy(allowed == 0).to(logits.device), float("-inf"))
 
     def consume(self, tokens: Sequence[int]) -> None:
         for t in tokens:
-            if self.matcher.is_stopped():
-                return  # complete: the mask allowed only EOS, which ends the request
+            if self.error is not None or self.matcher.is_stopped():
+                return  # failed, or complete: the mask allowed only EOS, which ends the request
             if not self.matcher.consume_token(t):
-                # Only a masked sample can reach here, so this is a bug, not bad input.
-                raise RuntimeError(f"grammar refused committed token {t}: {self.matcher.get_error()}")
+                # A parser limit reached on this token (a masked sample is otherwise always allowed).
+                self._fail()
+                return
+
+    def _fail(self) -> None:
+        # llguidance's error text carries the parser state; the client gets its first line only.
+        self.error = (self.matcher.get_error() or "the grammar matcher failed").splitlines()[0][:200]
+
+
+def row_errors(works) -> dict | None:
+    """Execution.row_errors: by handle, the reason each constrained row of a frame failed."""
+    failed = {w.request.handle: w.request.constraint.error for w in works
+              if w.request.constraint is not None and w.request.constraint.error is not None}
+    return failed or None
