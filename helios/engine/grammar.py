@@ -61,17 +61,43 @@ def grammar_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     return llguidance.LLTokenizer(tokenizer.hf_json(), n_vocab=vocab_size, eos_token=tokenizer.eos_id)
 
 
+class CompiledGrammar:
+    """A grammar already compiled into a matcher for one tokenizer, off the engine's thread (the
+    server does this before admission): a Constraint built from it copies the matcher instead of
+    compiling again, so a large grammar never stalls the frames of other requests."""
+
+    __slots__ = ("grammar", "_matcher")
+
+    def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: str, limits=None):
+        self.grammar = grammar
+        self._matcher = llguidance.LLMatcher(lltokenizer, grammar, log_level=0, limits=limits)
+        if self._matcher.is_error():
+            raise InvalidRequest(f"the grammar does not compile: {short_reason(self._matcher.get_error())}")
+
+    def matcher(self) -> llguidance.LLMatcher:
+        """A fresh matcher at the grammar's start (a copy; the compiled one is never advanced)."""
+        return self._matcher.deep_copy()
+
+
+def short_reason(error: str | None) -> str:
+    """llguidance's error without the parser state it appends (which may quote the grammar)."""
+    return (error or "the grammar matcher failed").splitlines()[0][:200]
+
+
 class Constraint:
     """One request's grammar state: `mask` the logits of its next position, `consume` what it
     committed. A matcher that fails at run time (a parser limit reached mid-output) sets `error`
     instead of raising, so that only its own row ends (Execution.row_errors) and the rest of the
     frame completes."""
 
-    def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: str):
-        if not isinstance(grammar, str):
+    def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: "str | CompiledGrammar"):
+        if isinstance(grammar, CompiledGrammar):
+            self.matcher = grammar.matcher()
+        elif isinstance(grammar, str):
+            # The matcher compiles and checks the grammar; it reports a bad one rather than raising.
+            self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
+        else:
             raise InvalidRequest(f"the {GRAMMAR_OPTION} option must be a serialized grammar string")
-        # The matcher compiles and checks the grammar; it reports a bad one rather than raising.
-        self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
         if self.matcher.is_error():
             raise InvalidRequest(f"the {GRAMMAR_OPTION} option is not a valid serialized grammar: "
                                  f"{self.matcher.get_error()}")
@@ -99,8 +125,7 @@ class Constraint:
                 return
 
     def _fail(self) -> None:
-        # llguidance's error text carries the parser state; the client gets its first line only.
-        self.error = (self.matcher.get_error() or "the grammar matcher failed").splitlines()[0][:200]
+        self.error = short_reason(self.matcher.get_error())
 
 
 def row_errors(works) -> dict | None:

@@ -17,6 +17,7 @@ from helios.runtime.runtime import Runtime, RuntimeClosed
 from helios.runtime.stream import RequestStream
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
+from helios.server.constraint_limits import compile_for_core
 from helios.server.errors import APIError, install_handlers
 from helios.server.logprobs import LogprobsFormatter
 from helios.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -221,6 +222,8 @@ async def _serve(request: Request, service: Service, req, chat: bool):
         param = grammar_param(req)
         raise APIError(400, f"{param} needs the torch engine on one rank (this server's core cannot "
                             "constrain its output)", param=param, code="unsupported_parameter")
+    if getattr(backend.core, "grammars", False):  # compiled and probed here, not on the engine's thread
+        prepared = await run_in_threadpool(compile_for_core, prepared, backend.core, grammar_param(req))
     choices = service.submit(prepared, chat)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
