@@ -76,14 +76,19 @@ class InProcessServer:
     """The app served by uvicorn on a thread of this process, on a free loopback port: real
     HTTP and SSE for the openai client, with the backend (and a wrapped core) inspectable."""
 
-    def __init__(self, app, start_timeout: float = 60.0):
+    def __init__(self, app, start_timeout: float = 60.0, settings=None):
         import uvicorn
 
         self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=5)
+        if settings is not None:  # flare run's own uvicorn settings (connection limits and timeouts)
+            from helios.server.serve import uvicorn_config
+
+            config = uvicorn_config(app, settings, "127.0.0.1", self.port)
+        else:
+            config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                    timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
         self.thread.start()
