@@ -25,8 +25,8 @@ def free_port() -> int:
 class FlareServer:
     """`flare run ARGS` on a free loopback port; waits for its ready line and /health."""
 
-    def __init__(self, *args: str, start_timeout: float = 180.0):
-        self.port = free_port()
+    def __init__(self, *args: str, start_timeout: float = 180.0, port: int | None = None):
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", "helios.cli", "run", "--port", str(self.port), *args]
