@@ -119,6 +119,14 @@ def _upload_disconnects(port: int, count: int):
     time.sleep(1.0)
 
 
+def _settle(canaries: Canaries, t_case: float, least: int = 2) -> None:
+    # A case that is refused at once ends before any canary request; wait for a few that ran
+    # across it, so that every line says how the canaries fared (bounded: a stall shows anyway).
+    deadline = time.monotonic() + 120
+    while len(canaries.since(t_case)) < least and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def hostile(server, figure) -> dict:
     """Run every case against `server` (a FlareServer on the real model); print one line each."""
     url, pid = server.url, server.proc.pid
@@ -153,7 +161,7 @@ def hostile(server, figure) -> dict:
     for name, run in cases:
         rss0, t_case = rss_mb(), time.monotonic()
         responses = run(url)
-        time.sleep(0.5)
+        _settle(canaries, t_case)
         seen = canaries.since(t_case)
         statuses = Counter(r.status_code for r in responses)
         errors = [len(r.content) for r in responses if r.status_code >= 400]
@@ -172,6 +180,7 @@ def hostile(server, figure) -> dict:
         rss0, t_case = rss_mb(), time.monotonic()
         stderr_before = len(server.error_text().splitlines())
         held = run()
+        _settle(canaries, t_case)
         seen = canaries.since(t_case)
         worst = max((lat for _, lat, _ in seen), default=0.0)
         failures += sum(1 for _, _, st in seen if st != 200)

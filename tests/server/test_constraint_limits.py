@@ -6,9 +6,10 @@ Rules tested:
   built (70,000 choices), or raise RecursionError (a schema sent as JSON text nested 500 and
   5,000 deep), is a 400 naming its field, with a short body that quotes neither the grammar nor
   llguidance's parser state; and well-formed requests running at the same time all succeed;
-- property: for choice lists and schema depths up to the budgets and past them, the constraint
-  is admitted exactly when it is within the budgets, and otherwise refused with a 400 naming the
-  field, never another exception;
+- property, on the real model with a well-formed client running throughout (all its requests
+  succeed): for choice lists and schema depths up to the budgets and past them, the constraint
+  is served exactly when it is within the budgets, and otherwise refused with a 400 naming the
+  field, never anything else;
 - an admitted constraint reaches the core compiled (the engine's thread does not compile it).
 """
 
@@ -16,19 +17,19 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 import types
 
 import httpx
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helios.engine.grammar import GRAMMAR_OPTION, CompiledGrammar, grammar_tokenizer
 from helios.engine.model.tokenizer import Tokenizer
 from helios.server.app import ServerSettings, create_app
 from helios.server.backend import EngineOptions, build_backend
 from helios.server.constraint_limits import LIMITS, compile_for_core
-from helios.server.errors import APIError
 from helios.server.schemas import ChatCompletionRequest
 from helios.server.structured_outputs import grammar_param
 from helios.server.translate import prepare_chat
@@ -89,22 +90,27 @@ def test_a_hostile_constraint_is_a_400_naming_its_field_and_others_succeed(real,
 
 
 @pytest.fixture(scope="module")
-def core():
-    tok = Tokenizer.from_gguf()
-    return types.SimpleNamespace(prepare_grammars=lambda ll=grammar_tokenizer(tok, tok.vocab_size): ll), tok
+def canary(real):
+    """A well-formed client in a loop for the whole property; its statuses must all be 200."""
+    statuses, stop = [], threading.Event()
+
+    def loop():
+        while not stop.is_set():
+            statuses.append(_canary(real.url))
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    yield statuses
+    stop.set()
+    thread.join(300)
+    assert statuses and set(statuses) == {200}, statuses
 
 
-def _admit(core_and_tok, fields: dict):
-    core, tok = core_and_tok
-    req = ChatCompletionRequest.model_validate_json(json.dumps({"messages": ASK, **fields}))
-    prepared = prepare_chat(req, tok, 512, tok.vocab_size)
-    return compile_for_core(prepared, core, grammar_param(req))
-
-
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(count=st.integers(1, LIMITS.max_choices + 100), depth=st.integers(1, LIMITS.max_depth + 8),
        which=st.sampled_from(["choice", "json"]))
-def test_constraints_up_to_the_budgets_are_admitted_and_past_them_refused_by_field(core, count, depth, which):
+def test_constraints_up_to_the_budgets_are_admitted_and_past_them_refused_by_field(real, canary, count, depth,
+                                                                                    which):
+    """On the real model, with a well-formed client running throughout (`canary`)."""
     if which == "choice":
         fields, param, within = {"guided_choice": [f"c{i}" for i in range(count)]}, "guided_choice", \
             count <= LIMITS.max_choices
@@ -113,11 +119,17 @@ def test_constraints_up_to_the_budgets_are_admitted_and_past_them_refused_by_fie
         levels = max(1, depth // 2)
         fields, param, within = {"guided_json": json.loads(_nested(levels))}, "guided_json", \
             2 * levels + 1 <= LIMITS.max_depth
-    try:
-        prepared = _admit(core, fields)
-    except APIError as exc:
-        assert not within, exc.message
-        assert exc.status == 400 and exc.param == param and len(exc.message) < 400
-        return
-    assert within
+    r = httpx.post(real.url + "/v1/chat/completions", timeout=300,
+                   json={"messages": ASK, "max_tokens": 3, "temperature": 0, **fields})
+    if within:
+        assert r.status_code == 200, r.text[:300]
+    else:
+        assert r.status_code == 400 and r.json()["error"]["param"] == param and len(r.content) < 1024
+
+
+def test_an_admitted_constraint_reaches_the_core_compiled():
+    tok = Tokenizer.from_gguf()
+    core = types.SimpleNamespace(prepare_grammars=lambda ll=grammar_tokenizer(tok, tok.vocab_size): ll)
+    req = ChatCompletionRequest.model_validate_json(json.dumps({"messages": ASK, "guided_choice": ["a", "b"]}))
+    prepared = compile_for_core(prepare_chat(req, tok, 512, tok.vocab_size), core, grammar_param(req))
     assert isinstance(prepared.choices[0].params.core_options[GRAMMAR_OPTION], CompiledGrammar)
