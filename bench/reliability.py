@@ -332,6 +332,7 @@ def main() -> None:
     # Real-model storms skip the warm-up: they test what survives, not speed, and each part
     # starts its own server.
     storm = sim if a.storm_engine == "sim" else ["--slots", "4", "--max-context", "1024", "--no-warmup"]
+    storm = storm + ["--client-share", "1"]  # one process plays every client of a storm
     if "soak" in a.parts:
         soak(1000 if q else 10_000)
     if "fuzz" in a.parts:
