@@ -20,7 +20,7 @@ from helios.server.backend import Backend
 from helios.server.admission import Admission, client_key
 from helios.server.constraint_limits import compile_for_core
 from helios.server.errors import APIError, install_handlers
-from helios.server.guards import install_guards, read_body, rejection_reason
+from helios.server.guards import count_rejection, install_guards, read_body
 from helios.server.limits import check_prompt_size, longest_token_bytes
 from helios.server.logprobs import LogprobsFormatter
 from helios.server.metrics import CONTENT_TYPE, ServerMetrics
@@ -137,8 +137,7 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
 
     app = FastAPI(title="flare", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
-    install_handlers(app, on_error=lambda status, code: service.metrics.rejected.labels(
-        rejection_reason(status, code)).inc())
+    install_handlers(app, on_error=lambda status, code: count_rejection(service.metrics, status, code))
     install_guards(app, settings or ServerSettings())
     model_id = backend.model_id
 

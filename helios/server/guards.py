@@ -35,9 +35,18 @@ _STATUS_REASONS = {400: "invalid", 401: "unauthorized", 404: "not_found", 405: "
                    429: "queue_full", 499: "client_disconnected", 503: "draining"}
 
 
-def rejection_reason(status: int, code: str | None) -> str:
-    """The `reason` label of a refused request."""
+def rejection_reason(status: int, code: str | None) -> str | None:
+    """The `reason` label of a refused request; None for an error that is not a refusal (a 500
+    or 503 for a request that was admitted and then failed or was cancelled by shutdown)."""
+    if status >= 500 and code != "shutting_down":
+        return None
     return _REASONS.get(code or "", _STATUS_REASONS.get(status, str(status)))
+
+
+def count_rejection(metrics, status: int, code: str | None) -> None:
+    """flare_requests_rejected_total{reason} += 1 for a refusal."""
+    if (reason := rejection_reason(status, code)) is not None:
+        metrics.rejected.labels(reason).inc()
 
 
 def install_guards(app: FastAPI, settings) -> None:

@@ -30,6 +30,7 @@ import pytest
 
 from helios.server.app import ServerSettings, create_app
 from helios.server.backend import EngineOptions, build_backend
+from helios.server.guards import rejection_reason
 from helios.server.hardening_cli import add_hardening_arguments, exposure_warning, hardening_settings
 
 from .support import InProcessServer, metrics, value, wait_for
@@ -182,6 +183,13 @@ def test_every_refusal_is_counted_parse_errors_included():
         delta = {reason: value(after, "flare_requests_rejected_total", reason=reason)
                  - value(before, "flare_requests_rejected_total", reason=reason) for reason in ("invalid", "not_found")}
         assert delta == {"invalid": 2, "not_found": 2}
+
+
+def test_errors_after_admission_are_not_counted_as_refusals():
+    assert rejection_reason(500, "engine_error") is None and rejection_reason(503, "cancelled") is None
+    assert rejection_reason(503, "shutting_down") == "draining"
+    assert rejection_reason(429, "client_share_full") == "client_share"
+    assert rejection_reason(400, "context_length_exceeded") == "too_long"
 
 
 def _scrape(client) -> dict:
