@@ -100,7 +100,7 @@ class Constraint:
             raise InvalidRequest(f"the {GRAMMAR_OPTION} option must be a serialized grammar string")
         if self.matcher.is_error():
             raise InvalidRequest(f"the {GRAMMAR_OPTION} option is not a valid serialized grammar: "
-                                 f"{self.matcher.get_error()}")
+                                 f"{short_reason(self.matcher.get_error())}")
         self.error: str | None = None
 
     def mask(self, logits: torch.Tensor) -> None:
