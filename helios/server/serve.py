@@ -77,7 +77,9 @@ def uvicorn_config(app, settings: ServerSettings, host: str, port: int, log_leve
     """uvicorn's settings for the app: connection cap, header and keep-alive timeouts."""
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
                           timeout_graceful_shutdown=5, timeout_keep_alive=5,
-                          limit_concurrency=settings.max_connections,
+                          # uvicorn answers 503 from this many connections or tasks on (>=); the
+                          # protocol closes connections past max_connections before that.
+                          limit_concurrency=settings.max_connections + 1,
                           http=limited_protocol(settings.header_timeout_s, settings.max_connections))
 
 
