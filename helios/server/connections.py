@@ -6,7 +6,8 @@ or tasks), `timeout_keep_alive` (idle keep-alive connections), `h11_max_incomple
 (header bytes). It has no header timeout, so a client that opens a connection and sends its
 headers a byte at a time (slowloris) held it forever, and thousands of them were bounded only by
 the file-descriptor limit. This protocol closes a connection whose first request's headers have
-not arrived within `header_timeout_s`, and closes at once a connection past `max_connections`.
+not arrived within `header_timeout_s` (a later request's on a kept-alive connection from its
+first byte), and closes at once a connection past `max_connections`.
 """
 
 from __future__ import annotations
@@ -30,23 +31,36 @@ def limited_protocol(header_timeout_s: float, max_connections: int) -> type[H11P
                             _peer(self.client), len(self.connections) - 1, max_connections)
                 transport.close()
                 return
-            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+            self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            # The first bytes of a later request on a kept-alive connection start its deadline too
+            # (uvicorn's keep-alive timer stops at the first byte).
+            if self._header_timer is None and self.cycle is not None and self.cycle.response_complete:
+                self._arm()
+            super().data_received(data)
 
         def handle_events(self) -> None:
             super().handle_events()
-            if self.cycle is not None and self._header_timer is not None:  # the headers arrived
-                self._header_timer.cancel()
-                self._header_timer = None
+            if self._header_timer is not None and self.cycle is not self._timed_cycle:  # headers arrived
+                self._disarm()
 
         def connection_lost(self, exc) -> None:
             if getattr(self, "_header_timer", None) is not None:
-                self._header_timer.cancel()
-                self._header_timer = None
+                self._disarm()
             super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._timed_cycle = self.cycle  # the request before the one whose headers are awaited
+            self._header_timer = self.loop.call_later(header_timeout_s, self._headers_late)
+
+        def _disarm(self) -> None:
+            self._header_timer.cancel()
+            self._header_timer = None
 
         def _headers_late(self) -> None:
             self._header_timer = None
-            if self.cycle is None and not self.transport.is_closing():
+            if self.cycle is self._timed_cycle and not self.transport.is_closing():
                 log.info("connection from %s closed: no request headers within %g s", _peer(self.client),
                          header_timeout_s)
                 self.transport.close()

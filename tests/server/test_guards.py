@@ -235,6 +235,18 @@ def test_slow_headers_are_closed(limited):
     assert _closed_by_server(slow) == b""
 
 
+def test_slow_headers_of_a_second_request_on_a_kept_alive_connection_are_closed(limited):
+    conn = socket.create_connection(("127.0.0.1", limited.port))
+    conn.settimeout(30)
+    conn.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n\r\n")
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.endswith(b"}"):
+        reply += conn.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200")
+    conn.sendall(b"GET /health HTTP/1.1\r\n")  # and never the rest
+    assert _closed_by_server(conn) == b""
+
+
 def test_a_connection_past_the_cap_is_closed_and_the_others_still_served(capped):
     held = [socket.create_connection(("127.0.0.1", capped.port)) for _ in range(2)]
     try:
