@@ -11,7 +11,8 @@ Parts: soak (10,000 requests through the runtime on SimCore with 10% cancellatio
 faults), fuzz (schemathesis on the sim engine and on the real model), storms (1,000 random
 disconnects under steady load, SIGTERM under load, slow readers, bad bodies, admission past
 --max-queue; sim engine unless --storm-engine torch), drift (1,000 requests through the real
-model, RSS and single-stream inter-token latency every 100). Every load loop is bounded in
+model, RSS and single-stream inter-token latency every 100), hostile (bench/hostile.py: every
+bad-client case of issue 42 against the real model with canary clients running). Every load loop is bounded in
 count and time, and every server it starts listens on 127.0.0.1 and is stopped.
 """
 
@@ -32,6 +33,7 @@ import httpx
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.hostile import hostile  # noqa: E402
 from helios.sim.soak import SoakConfig, run_soak  # noqa: E402
 from tests.server.schema_fuzz import fuzz  # noqa: E402
 from tests.server.support import FlareServer, is_idle, metrics, raw_request, value, wait_for  # noqa: E402
@@ -316,8 +318,9 @@ def drift(requests: int, every: int, concurrency: int, engine: str = "torch") ->
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("parts", nargs="*", default=["soak", "fuzz", "storms", "drift"],
-                        choices=["soak", "fuzz", "storms", "drift"])
+    parser.add_argument("parts", nargs="*", default=["soak", "fuzz", "storms", "drift", "hostile"],
+                        choices=["soak", "fuzz", "storms", "drift", "hostile"])
+    parser.add_argument("--port", type=int, default=None, help="hostile: the server's port (default: a free one)")
     parser.add_argument("--quick", action="store_true", help="small counts")
     parser.add_argument("--storm-engine", choices=("sim", "torch"), default="sim")
     parser.add_argument("--drift-requests", type=int, default=None)
@@ -329,6 +332,7 @@ def main() -> None:
     # Real-model storms skip the warm-up: they test what survives, not speed, and each part
     # starts its own server.
     storm = sim if a.storm_engine == "sim" else ["--slots", "4", "--max-context", "1024", "--no-warmup"]
+    storm = storm + ["--client-share", "1"]  # one process plays every client of a storm
     if "soak" in a.parts:
         soak(1000 if q else 10_000)
     if "fuzz" in a.parts:
@@ -343,6 +347,14 @@ def main() -> None:
         sigterm_storm(storm + ["--sim-pace", "2"] if a.storm_engine == "sim" else storm, 8 if q else 16, tokens, 2.0)
         slow_readers(storm, 2, 4 if q else 8, tokens)
         bad_bodies_and_admission(storm, 100 if q else 1000)
+    if "hostile" in a.parts:  # bench/hostile.py: every bad-client case against the real model
+        server = FlareServer("--slots", "4", "--max-queue", "16", "--max-context", "1024", start_timeout=900,
+                             port=a.port)
+        assert server.ready_line, server.error_text()
+        try:
+            hostile(server, figure)
+        finally:
+            server.stop()
     if "drift" in a.parts:
         drift(a.drift_requests or (100 if q else 1000), a.drift_every or (50 if q else 100), 4, a.drift_engine)
 

@@ -22,6 +22,27 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_profile(args: argparse.Namespace) -> int | None:
+    """Load --profile once here: a bad cell stops the run with one line naming file, line and
+    column (status 2); with --profile-repair, the repairs are reported instead."""
+    from helios.errors import ConfigError
+    from helios.sim.costmodel import VidurCostModel
+
+    repairs: list | None = [] if args.profile_repair else None
+    try:
+        VidurCostModel.from_profile_dir(args.profile, repairs=repairs)
+    except ConfigError as exc:
+        print(f"flare sim report: {exc}", file=sys.stderr)
+        return 2
+    if repairs:
+        print(f"flare sim report: repaired {len(repairs)} profile cells:", file=sys.stderr)
+        for repair in repairs[:20]:
+            print(f"  {repair}", file=sys.stderr)
+        if len(repairs) > 20:
+            print(f"  ... and {len(repairs) - 20} more", file=sys.stderr)
+    return None
+
+
 def _sim_report(args: argparse.Namespace) -> int:
     import shlex
     import time
@@ -32,6 +53,10 @@ def _sim_report(args: argparse.Namespace) -> int:
     from helios.sim.report import ReportConfig, quick, run_report
 
     cost_model = args.profile or args.cost_model
+    if args.profile and (status := _check_profile(args)) is not None:
+        return status
+    if args.profile and args.profile_repair:
+        cost_model = "repaired:" + args.profile
     try:
         setup = setup_from_flags(cost_model=cost_model, mixed_prefill=args.mixed_prefill,
                                  mixed_prompt_steps=args.mixed_prompt_steps,
@@ -139,6 +164,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the format of the --trace files (default: detected from the file)")
     report.add_argument("--profile", metavar="DIR",
                         help="a directory with Vidur-format attention.csv and mlp.csv (instead of --cost-model)")
+    report.add_argument("--profile-repair", action="store_true",
+                        help="drop --profile rows with empty or non-numeric timings and smooth timings that fall "
+                             "as tokens grow, and report each repair (default: such a cell is an error)")
     report.add_argument("--cost-model", default="h100-70b",
                         help="h100-70b, a100-70b-tp2 (a 70B estimate), a100-34b-tp2, h100-7b or realistic-small")
     report.add_argument("--jobs", type=positive_int,

@@ -42,6 +42,9 @@ class Execution:
     # prompt first gives None for token 0, which nothing predicts). Over all of a request's chunks
     # the entries cover its prompt, one per token.
     prompt_logprobs: dict[RequestHandle, tuple[TokenLogprobs | None, ...]] | None = None
+    # Rows whose request failed alone (a grammar matcher error): by handle, the reason. The
+    # runtime ends those requests with an error; the frame's other rows complete as usual.
+    row_errors: dict[RequestHandle, str] | None = None
 
 
 @runtime_checkable

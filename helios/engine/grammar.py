@@ -61,30 +61,75 @@ def grammar_tokenizer(tokenizer, vocab_size: int) -> llguidance.LLTokenizer:
     return llguidance.LLTokenizer(tokenizer.hf_json(), n_vocab=vocab_size, eos_token=tokenizer.eos_id)
 
 
+class CompiledGrammar:
+    """A grammar already compiled into a matcher for one tokenizer, off the engine's thread (the
+    server does this before admission): a Constraint built from it copies the matcher instead of
+    compiling again, so a large grammar never stalls the frames of other requests."""
+
+    __slots__ = ("grammar", "_matcher")
+
+    def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: str, limits=None):
+        self.grammar = grammar
+        self._matcher = llguidance.LLMatcher(lltokenizer, grammar, log_level=0, limits=limits)
+        if self._matcher.is_error():
+            raise InvalidRequest(f"the grammar does not compile: {short_reason(self._matcher.get_error())}")
+
+    def matcher(self) -> llguidance.LLMatcher:
+        """A fresh matcher at the grammar's start (a copy; the compiled one is never advanced)."""
+        return self._matcher.deep_copy()
+
+
+def short_reason(error: str | None) -> str:
+    """llguidance's error without the parser state it appends (which may quote the grammar)."""
+    return (error or "the grammar matcher failed").splitlines()[0][:200]
+
+
 class Constraint:
     """One request's grammar state: `mask` the logits of its next position, `consume` what it
-    committed."""
+    committed. A matcher that fails at run time (a parser limit reached mid-output) sets `error`
+    instead of raising, so that only its own row ends (Execution.row_errors) and the rest of the
+    frame completes."""
 
-    def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: str):
-        if not isinstance(grammar, str):
+    def __init__(self, lltokenizer: llguidance.LLTokenizer, grammar: "str | CompiledGrammar"):
+        if isinstance(grammar, CompiledGrammar):
+            self.matcher = grammar.matcher()
+        elif isinstance(grammar, str):
+            # The matcher compiles and checks the grammar; it reports a bad one rather than raising.
+            self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
+        else:
             raise InvalidRequest(f"the {GRAMMAR_OPTION} option must be a serialized grammar string")
-        # The matcher compiles and checks the grammar; it reports a bad one rather than raising.
-        self.matcher = llguidance.LLMatcher(lltokenizer, grammar)
         if self.matcher.is_error():
             raise InvalidRequest(f"the {GRAMMAR_OPTION} option is not a valid serialized grammar: "
-                                 f"{self.matcher.get_error()}")
+                                 f"{short_reason(self.matcher.get_error())}")
+        self.error: str | None = None
 
     def mask(self, logits: torch.Tensor) -> None:
         """Set the logits [V] of every token the grammar does not allow here to -inf, in place."""
+        if self.error is not None:
+            return
         # One bit per token id, lowest bit first (little-endian int32 words).
         bits = np.frombuffer(self.matcher.compute_bitmask(), dtype=np.uint8)
+        if self.matcher.is_error():  # the row's sample is discarded: its request ends with the error
+            self._fail()
+            return
         allowed = np.unpackbits(bits, bitorder="little")[: logits.shape[-1]]
         logits.masked_fill_(torch.from_numpy(allowed == 0).to(logits.device), float("-inf"))
 
     def consume(self, tokens: Sequence[int]) -> None:
         for t in tokens:
-            if self.matcher.is_stopped():
-                return  # complete: the mask allowed only EOS, which ends the request
+            if self.error is not None or self.matcher.is_stopped():
+                return  # failed, or complete: the mask allowed only EOS, which ends the request
             if not self.matcher.consume_token(t):
-                # Only a masked sample can reach here, so this is a bug, not bad input.
-                raise RuntimeError(f"grammar refused committed token {t}: {self.matcher.get_error()}")
+                # A parser limit reached on this token (a masked sample is otherwise always allowed).
+                self._fail()
+                return
+
+    def _fail(self) -> None:
+        self.error = short_reason(self.matcher.get_error())
+
+
+def row_errors(works) -> dict | None:
+    """Execution.row_errors: by handle, the reason each constrained row of a frame failed."""
+    failed = {w.request.handle: w.request.constraint.error for w in works
+              if w.request.constraint is not None and w.request.constraint.error is not None}
+    return failed or None

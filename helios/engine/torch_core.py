@@ -25,7 +25,7 @@ import torch
 from helios.config import SchedulerConfig, SpeculationMode
 from helios.engine.cpu_threads import TorchThread
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, Execution
-from helios.engine.grammar import GRAMMAR_OPTION, Constraint, grammar_tokenizer
+from helios.engine.grammar import GRAMMAR_OPTION, Constraint, grammar_tokenizer, row_errors
 from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
 from helios.engine.model.weights import bf16_available
 from helios.engine.sampling import SamplingOptions
@@ -308,7 +308,7 @@ class TorchCore:
         offered = [len(d) for d in drafts] if kind is GraphKind.SPECULATIVE else [None] * len(works)
         records = tuple(self._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
         return Execution(records, ExecutionTiming((duration,), None, None), duration,
-                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores)
+                         logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores, row_errors=row_errors(works))
 
     def _commit(self, w: LaneWork, tokens: list[int], offered: int | None) -> CompletionRecord:
         """Advance the request's state by what the execution produced; build its record."""

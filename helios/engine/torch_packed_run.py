@@ -12,6 +12,7 @@ import torch
 from helios.config import SpeculationMode
 from helios.engine.core import Execution
 from helios.engine.torch_graphs import PAD_TOKEN, DeviceTimer, RowWork
+from helios.engine.grammar import row_errors
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
 from helios.engine.torch_packed import PackedGraph
 from helios.engine.torch_state import LaneWork
@@ -66,7 +67,7 @@ def execute_packed(core, plan: ScheduledPlan, works: list[LaneWork]) -> Executio
     offered = [len(d) if verify and i not in prompt else None for i, d in enumerate(drafts)]
     records = tuple(core._commit(w, out, k) for w, out, k in zip(works, outputs, offered))
     return Execution(records, ExecutionTiming((duration,), None, None), duration,
-                     logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores)
+                     logprobs=aligned_logprobs(records, lps), prompt_logprobs=scores, row_errors=row_errors(works))
 
 
 def time_packed(core, shape, context: int) -> int:

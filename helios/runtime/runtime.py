@@ -235,6 +235,10 @@ class Runtime:
             self._step.now()
             start = time.perf_counter_ns()
             self._frame_logprobs = execution.logprobs or {}
+            for handle, reason in (execution.row_errors or {}).items():  # only these rows fail
+                if (stream := self._streams.get(handle)) is not None:
+                    log.warning("request %s failed alone in fence %d: %s", handle, fence, reason)
+                    self._finish(stream, ERROR, f"the output constraint failed: {reason}")
             for handle, entries in (execution.prompt_logprobs or {}).items():
                 if (stream := self._streams.get(handle)) is not None and stream.prompt_logprobs is not None:
                     stream.prompt_logprobs.extend(entries)  # before any of its events: the prompt ran first

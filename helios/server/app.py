@@ -17,9 +17,13 @@ from helios.runtime.runtime import Runtime, RuntimeClosed
 from helios.runtime.stream import RequestStream
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
+from helios.server.admission import Admission, client_key
+from helios.server.constraint_limits import compile_for_core
 from helios.server.debug import install_debug
 from helios.server.live_stats import LiveStats
 from helios.server.errors import APIError, install_handlers
+from helios.server.guards import count_rejection, install_guards, read_body
+from helios.server.limits import check_prompt_size, longest_token_bytes
 from helios.server.logprobs import LogprobsFormatter
 from helios.server.metrics import CONTENT_TYPE, ServerMetrics
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
@@ -36,6 +40,19 @@ class ServerSettings:
     max_queue: int = 32  # requests admitted beyond the request slots before answering 429
     max_body_bytes: int = 2 * 1024 * 1024
     shutdown_grace_s: float = 5.0  # in-flight requests may finish for this long on shutdown
+    # Hardening (issue 42): fair admission, authentication, CORS, body read timeout.
+    client_share: float = 0.5  # one client holds at most this fraction of the admission limit
+    api_key: str | None = None  # Bearer token required on /v1/* (None: open)
+    allowed_origins: tuple[str, ...] = ()  # CORS origins ("*" for any); none: no CORS headers
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this
+    header_timeout_s: float = 10.0  # a new connection's request headers must arrive within this
+    max_connections: int = 1000  # open connections (helios.server.connections)
+
+    def __post_init__(self):
+        if not 0 < self.client_share <= 1:
+            raise ValueError(f"client_share must be in (0, 1], got {self.client_share}")
+        if self.api_key is not None and not self.api_key:
+            raise ValueError("api_key must not be empty")
 
 
 class Service:
@@ -50,14 +67,16 @@ class Service:
                                on_finish=self._on_finish)
         self.metrics.attach(self.runtime)
         self.limit = backend.slots + settings.max_queue
+        self.admission = Admission(self.limit, settings.client_share)  # submitted, not yet ended
+        self.longest_token = longest_token_bytes(backend.tokenizer)
         self.draining = False
         self.created = int(time.time())
-        self._live = 0  # submitted, not yet ended; decremented on the runtime thread
+        self._owner: dict[str, str | None] = {}  # runtime request id -> its client (admission)
         self._lock = threading.Lock()
 
     @property
     def live(self) -> int:
-        return self._live
+        return self.admission.live
 
     def start(self) -> None:
         if not self.draining:  # a signal may arrive before the app has started
@@ -72,49 +91,40 @@ class Service:
 
     def _on_finish(self, stream: RequestStream) -> None:
         with self._lock:
-            self._live -= 1
+            self.admission.release(self._owner.pop(stream.request_id, None))
         self.metrics.observe(stream)
         self.live_stats.observe(stream)
 
-    def check_admission(self, sequences: int = 1) -> None:
-        """Refuse a request whose `sequences` (its choices) the admission bound cannot take now."""
+    def check_admission(self, sequences: int = 1, client: str | None = None) -> None:
+        """Refuse a request whose `sequences` (its choices) the admission bound, or its client's
+        share of it (helios.server.admission), cannot take now. Every refusal is counted in
+        flare_requests_rejected_total by the error handler."""
         if self.draining:
-            self.metrics.rejected.labels("draining").inc()
             raise APIError(503, "the server is shutting down and admits no new requests", code="shutting_down")
-        if sequences > self.limit:
-            self.metrics.rejected.labels("invalid").inc()
-            raise APIError(400, f"the request asks for {sequences} sequences (n x prompts); this server runs or "
-                                f"queues at most {self.limit} at once", param="n", code="invalid_value")
-        if self._live + sequences > self.limit:
-            self.metrics.rejected.labels("queue_full").inc()
-            raise APIError(429, f"the server is at capacity ({self._live} requests running or queued; the "
-                                f"limit is {self.limit}); retry later", code="queue_full",
-                           headers={"retry-after": "1"})
+        self.admission.check(client, sequences)
 
-    def submit(self, prepared: Prepared, chat: bool = False) -> Choices:
+    def submit(self, prepared: Prepared, chat: bool = False, client: str | None = None) -> Choices:
         """Submit every choice, or none: a choice that cannot be submitted cancels those that were."""
         with self._lock:
-            self.check_admission(len(prepared.choices))
-            self._live += len(prepared.choices)
+            self.check_admission(len(prepared.choices), client)
+            self.admission.take(client, len(prepared.choices))
+            self._owner.update((c.params.request_id, client) for c in prepared.choices)
         streams: list[RequestStream] = []
         try:
             for choice in prepared.choices:
                 streams.append(self.runtime.submit(choice.prompt_ids, choice.params))
         except (InvalidRequest, RuntimeClosed) as exc:
-            self._unlive(len(prepared.choices) - len(streams))  # a submitted stream unlives when it ends
+            with self._lock:  # a submitted stream is released when it ends
+                for choice in prepared.choices[len(streams):]:
+                    self.admission.release(self._owner.pop(choice.params.request_id, None))
             for stream in streams:
                 stream.cancel()
             if isinstance(exc, RuntimeClosed):
                 raise APIError(503, "the server is shutting down and admits no new requests",
                                code="shutting_down") from None
-            self.metrics.rejected.labels("invalid").inc()
             raise APIError(400, str(exc), code="invalid_value") from None
         wants = any(c.params.logprobs is not None for c in prepared.choices)
         return Choices(prepared, streams, LogprobsFormatter(self.backend.tokenizer, chat) if wants else None)
-
-    def _unlive(self, count: int = 1) -> None:
-        with self._lock:
-            self._live -= count
 
 
 def create_app(backend: Backend, settings: ServerSettings | None = None) -> FastAPI:
@@ -131,7 +141,8 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
 
     app = FastAPI(title="flare", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
-    install_handlers(app)
+    install_handlers(app, on_error=lambda status, code: count_rejection(service.metrics, status, code))
+    install_guards(app, settings or ServerSettings())
     model_id = backend.model_id
 
     @app.get("/health")
@@ -158,12 +169,12 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
 
     @app.post("/v1/completions")
     async def completions(request: Request):
-        req = parse_body(CompletionRequest, await _read_body(request, service.settings.max_body_bytes))
+        req = await run_in_threadpool(parse_body, CompletionRequest, await read_body(request, service.settings))
         return await _serve(request, service, req, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
-        req = parse_body(ChatCompletionRequest, await _read_body(request, service.settings.max_body_bytes))
+        req = await run_in_threadpool(parse_body, ChatCompletionRequest, await read_body(request, service.settings))
         return await _serve(request, service, req, chat=True)
 
     install_debug(app, service)  # /debug/decisions (+ stream), /debug/stats, /dashboard
@@ -198,23 +209,12 @@ def _check_model(name: str | None, model_id: str) -> None:
                        code="model_not_found")
 
 
-async def _read_body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise APIError(413, f"the request body is {declared} bytes; the limit is {limit}", code="body_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:  # chunked bodies carry no content-length
-            raise APIError(413, f"the request body exceeds the limit of {limit} bytes", code="body_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
 async def _serve(request: Request, service: Service, req, chat: bool):
     backend = service.backend
     _check_model(req.model, backend.model_id)
-    service.check_admission()  # cheap early refusal before tokenizing
+    client = client_key(req.user, request.client.host if request.client else None)
+    service.check_admission(1, client)  # cheap early refusals before tokenizing
+    check_prompt_size(req, chat, backend.max_context, service.longest_token)
     if chat:
         prepared = await run_in_threadpool(prepare_chat, req, backend.tokenizer, backend.max_context,
                                            backend.vocab_size)
@@ -226,7 +226,9 @@ async def _serve(request: Request, service: Service, req, chat: bool):
         param = grammar_param(req)
         raise APIError(400, f"{param} needs the torch engine on one rank (this server's core cannot "
                             "constrain its output)", param=param, code="unsupported_parameter")
-    choices = service.submit(prepared, chat)
+    if getattr(backend.core, "grammars", False):  # compiled and probed here, not on the engine's thread
+        prepared = await run_in_threadpool(compile_for_core, prepared, backend.core, grammar_param(req))
+    choices = service.submit(prepared, chat, client)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
     draining = lambda: service.draining  # noqa: E731

@@ -10,6 +10,7 @@ import sys
 from helios.baselines import SCHEDULERS
 from helios.config import PromptRateLaw
 from helios.errors import ConfigError
+from helios.server.hardening_cli import add_hardening_arguments, hardening_settings
 
 # ConfigError.field (from config, backend or core) -> the flag that sets it.
 _FLAGS = {
@@ -47,6 +48,7 @@ nonnegative_int = _number(int, lambda v: v >= 0, "a nonnegative integer")
 port_number = _number(int, lambda v: 0 <= v <= 65535, "a port number in [0, 65535]")
 nonnegative_float = _number(float, lambda v: math.isfinite(v) and v >= 0, "a finite nonnegative number")
 positive_float = _number(float, lambda v: math.isfinite(v) and v > 0, "a finite number greater than zero")
+_share = _number(float, lambda v: 0 < v <= 1, "a fraction in (0, 1]")
 _ratio = _number(float, lambda v: math.isfinite(v) and v >= 1, "a finite number of at least 1")
 
 
@@ -141,6 +143,7 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="on SIGTERM, in-flight requests may finish for this long, then are cancelled")
     g.add_argument("--sim-pace", type=nonnegative_float, default=1.0, help=argparse.SUPPRESS)
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
+    add_hardening_arguments(run, _share, positive_float, positive_int)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
     if backend.warmup is not None:
         print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                              shutdown_grace_s=args.shutdown_grace)
+                              shutdown_grace_s=args.shutdown_grace, **hardening_settings(args))
     try:
         return serve(backend, settings, args.host, args.port, log_level=args.log_level)
     finally:

@@ -9,6 +9,7 @@ import json
 
 from helios.engine.grammar import json_schema_grammar, text_grammar
 from helios.errors import InvalidRequest
+from helios.server.constraint_limits import check_source, timed
 from helios.server.errors import APIError
 
 PARAM = "response_format"
@@ -41,10 +42,12 @@ def compiled_grammar(kind: str, source, param: str, whitespace_pattern: str | No
     """The grammar of `source` read as `kind`: "json" (a JSON schema; None: any object, laid out
     with `whitespace_pattern` when given), "regex", "choice" (a list of strings) or "grammar" (Lark
     or GBNF). A 400 naming `param` if it cannot compile."""
+    if source is not None:
+        check_source(kind, source, param)  # size budgets first: nothing oversized reaches the compiler
     try:
-        return _compiled(kind, json.dumps(source, sort_keys=True), whitespace_pattern)
+        return timed(_compiled, kind, json.dumps(source, sort_keys=True), whitespace_pattern, param=param)
     except InvalidRequest as exc:
-        raise APIError(400, str(exc), param=param, code="invalid_value") from None
+        raise APIError(400, str(exc)[:300], param=param, code="invalid_value") from None
 
 
 @functools.lru_cache(maxsize=256)

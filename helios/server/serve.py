@@ -12,6 +12,8 @@ import uvicorn
 
 from helios.server.app import ServerSettings, create_app
 from helios.server.backend import Backend
+from helios.server.connections import limited_protocol
+from helios.server.hardening_cli import exposure_warning
 
 
 class _Server(uvicorn.Server):
@@ -53,8 +55,9 @@ class _Server(uvicorn.Server):
 def serve(backend: Backend, settings: ServerSettings, host: str, port: int, *, log_level: str = "warning") -> int:
     """Serve until SIGTERM/SIGINT; print one line when ready. Returns the exit status."""
     app = create_app(backend, settings)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=5, timeout_keep_alive=5)
+    if (warning := exposure_warning(host, settings.api_key)) is not None:
+        print(warning, file=sys.stderr, flush=True)
+    config = uvicorn_config(app, settings, host, port, log_level)
     server = _Server(config, app.state.service)
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in signals}
@@ -68,6 +71,16 @@ def serve(backend: Backend, settings: ServerSettings, host: str, port: int, *, l
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def uvicorn_config(app, settings: ServerSettings, host: str, port: int, log_level: str = "warning") -> uvicorn.Config:
+    """uvicorn's settings for the app: connection cap, header and keep-alive timeouts."""
+    return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
+                          timeout_graceful_shutdown=5, timeout_keep_alive=5,
+                          # uvicorn answers 503 from this many connections or tasks on (>=); the
+                          # protocol closes connections past max_connections before that.
+                          limit_concurrency=settings.max_connections + 1,
+                          http=limited_protocol(settings.header_timeout_s, settings.max_connections))
 
 
 async def _run(server: _Server, model_id: str) -> int:

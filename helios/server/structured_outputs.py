@@ -79,6 +79,8 @@ def _schema(value, param: str) -> dict:
             value = json.loads(value)
         except json.JSONDecodeError as exc:
             raise APIError(400, f"{param} is not valid JSON: {exc}", param=param, code="invalid_value") from None
+        except RecursionError:  # JSON text nested deeper than the parser's stack
+            raise APIError(400, f"{param}: the schema is nested too deep", param=param, code="invalid_value") from None
     if not isinstance(value, dict):
         raise APIError(400, f"{param} must be a JSON schema object", param=param, code="invalid_value")
     return value

@@ -20,6 +20,7 @@ from helios.engine.core import CostModel  # noqa: F401  (re-exported: the protoc
 from helios.sim.cost_rows import check_packed, check_rows, linear_tokens
 from helios.sim.splitwise import fit_terms
 from helios.sim.traces import data_file
+from helios.sim.profile_input import ProfileError
 from helios.sim.vidur_tables import (LAYER_OPS, DecodeAttentionTable, LinearOpsTable,
                                      PrefillAttentionTable, equivalent_prefill_row, load_attention)
 
@@ -128,13 +129,15 @@ class VidurCostModel:
 
     @classmethod
     def from_profile_dir(cls, directory: str | Path, *, layers: int = 80, overhead_ms: float = 0.0,
-                         comm_us_per_token_layer: float = 0.0) -> VidurCostModel:
+                         comm_us_per_token_layer: float = 0.0, repairs: list | None = None) -> VidurCostModel:
         """A user's Vidur profile (`flare sim report --profile DIR`): DIR holds Vidur's `attention.csv`
         and `mlp.csv` (or exactly one `*attention*.csv` and one `*mlp*.csv`) for one model and GPU.
 
         The TP degree is read from the MLP file (its smallest `num_tensor_parallel_workers`); nothing
         there gives the layer count or the per-graph overhead, so they are arguments (default: 80
-        layers, Llama-2-70B, and no overhead). A ConfigError names a missing file or column.
+        layers, Llama-2-70B, and no overhead). A ConfigError names a missing file or column, and an
+        empty, non-numeric or non-monotone cell by file, line and column, unless `repairs` (a list)
+        collects the repairs made instead (helios.sim.profile_input).
         """
         directory = Path(directory)
         attention, mlp = _profile_file(directory, "attention"), _profile_file(directory, "mlp")
@@ -150,8 +153,10 @@ class VidurCostModel:
         profile = VidurProfile(f"dir:{directory.name}", mlp.name, tp, layers, 1.0, 1.0, None,
                                default_overhead_ms=overhead_ms)
         try:
-            linear = LinearOpsTable.from_csv(mlp, tp)
-            decode, prefill = load_attention(attention)
+            linear = LinearOpsTable.from_csv(mlp, tp, repairs=repairs)
+            decode, prefill = load_attention(attention, repairs)
+        except ProfileError as exc:
+            raise ConfigError("profile", str(exc)) from None
         except (KeyError, ValueError) as exc:
             raise ConfigError("profile", f"{directory}: malformed profile ({type(exc).__name__}: {exc})") from None
         return cls(profile, linear, decode, prefill, overhead_ms=overhead_ms,

@@ -115,6 +115,9 @@ class Setup:
                                max_context=self.max_context, selection_slots=min(64, self.request_slots))
 
 
+REPAIRED = "repaired:"  # cost model name prefix: a --profile directory loaded with --profile-repair
+
+
 @functools.lru_cache(maxsize=8)
 def load_cost_model(name: str) -> CostModel:
     """A cost model by name: a Vidur profile (docs/cost-models.md) or "realistic-small" (synthetic)."""
@@ -122,6 +125,8 @@ def load_cost_model(name: str) -> CostModel:
         return SyntheticCostModel.realistic_small()
     if os.path.isdir(name):  # --profile DIR: the user's Vidur-format attention and MLP CSVs
         return VidurCostModel.from_profile_dir(name)
+    if name.startswith(REPAIRED) and os.path.isdir(name[len(REPAIRED):]):  # --profile DIR --profile-repair
+        return VidurCostModel.from_profile_dir(name[len(REPAIRED):], repairs=[])
     if name not in COST_MODELS:
         raise ConfigError("cost_model", f"unknown cost model {name!r}; choose from {', '.join(COST_MODELS)}")
     return VidurCostModel.from_data(name)

@@ -138,7 +138,15 @@ def _azure_rows(file: Path) -> np.ndarray:
                 out.append((t, int(r["ContextTokens"]), int(r["GeneratedTokens"])))
             except (ValueError, TypeError, AttributeError) as exc:
                 raise ConfigError("trace", f"{file}, line {reader.line_num}: malformed row {r!r} ({exc})") from None
+            _positive(file, reader.line_num, ContextTokens=out[-1][1], GeneratedTokens=out[-1][2])
     return np.array(out, dtype=np.float64).reshape(-1, 3)
+
+
+def _positive(file: Path, line: int, **counts) -> None:
+    # A token count of zero or less is a broken row, not a length to clip to 1 without a word.
+    for name, count in counts.items():
+        if not count > 0:
+            raise ConfigError("trace", f"{file}, line {line}: {name} must be a positive token count, got {count}")
 
 
 def _mooncake_rows(file: Path) -> list[dict]:
@@ -157,6 +165,7 @@ def _mooncake_rows(file: Path) -> list[dict]:
                 raise ConfigError("trace", f"{file}, line {number}: missing field(s) {', '.join(missing)}")
             if not all(isinstance(r[k], (int, float)) and not isinstance(r[k], bool) for k in MOONCAKE_FIELDS):
                 raise ConfigError("trace", f"{file}, line {number}: {', '.join(MOONCAKE_FIELDS)} must be numbers")
+            _positive(file, number, input_length=r["input_length"], output_length=r["output_length"])
             rows.append(r)
     return rows
 

@@ -11,13 +11,14 @@ spike forward to all larger sizes. `raw` keeps the unsmoothed grid for tests and
 from __future__ import annotations
 
 import bisect
-import csv
 import math
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from helios.sim.profile_input import check_monotone, numbers, read_rows
 
 # Operators that run once per transformer layer on every token of the batch (the "MLP-side" ops of
 # Vidur's mlp.csv). `emb` runs once per forward pass and is kept apart.
@@ -40,7 +41,17 @@ def isotonic(y: np.ndarray) -> np.ndarray:
 
 
 def _f(value: str) -> float:
+    # Cells reach here checked (helios.sim.profile_input); only a column that a row's kind does not
+    # use (a decode row's attn_prefill) may be empty.
     return float(value) if value not in ("", None) else 0.0
+
+
+_EMB = "time_stats.emb.median"
+_LAYER_COLUMNS = tuple(f"time_stats.{op}.median" for op in LAYER_OPS)
+_ATTENTION_COLUMNS = {"False": ("time_stats.attn_decode.median", "time_stats.attn_input_reshape.median",
+                                "time_stats.attn_output_reshape.median"),
+                      "True": ("time_stats.attn_prefill.median", "time_stats.attn_input_reshape.median",
+                               "time_stats.attn_output_reshape.median")}
 
 
 @dataclass(frozen=True)
@@ -59,22 +70,29 @@ class LinearOpsTable:
     n_embd: int
 
     @classmethod
-    def from_csv(cls, path: Path, tp: int, mlp_scale: float = 1.0) -> LinearOpsTable:
-        """`mlp_scale` multiplies the MLP operators (`MLP_OPS`): another intermediate size, same hidden."""
-        sums: dict[int, list[tuple[float, float]]] = defaultdict(list)
+    def from_csv(cls, path: Path, tp: int, mlp_scale: float = 1.0, repairs: list | None = None) -> LinearOpsTable:
+        """`mlp_scale` multiplies the MLP operators (`MLP_OPS`): another intermediate size, same hidden.
+        A ProfileError names an empty, non-numeric or non-monotone cell, unless `repairs` (a list)
+        collects the repairs made instead (helios.sim.profile_input)."""
+        ops: dict[int, list[list[float]]] = defaultdict(list)  # num_tokens -> each row's op times + emb
+        lines: dict[int, int] = {}
         n_embd = 0
-        with open(path, newline="") as fh:
-            for r in csv.DictReader(fh):
-                if int(r["num_tensor_parallel_workers"]) != tp:
-                    continue
-                n_embd = int(r["n_embd"])
-                layer = sum(_f(r[f"time_stats.{op}.median"]) * (mlp_scale if op in MLP_OPS else 1.0)
-                            for op in LAYER_OPS)
-                sums[int(r["num_tokens"])].append((layer, _f(r["time_stats.emb.median"])))
-        if not sums:
+        header, rows = read_rows(path)
+        scale = np.array([mlp_scale if op in MLP_OPS else 1.0 for op in LAYER_OPS] + [1.0])
+        for line, r in rows:
+            if int(r["num_tensor_parallel_workers"]) != tp:
+                continue
+            n_embd = int(r["n_embd"])
+            cells = numbers(path, header, line, r, _LAYER_COLUMNS + (_EMB,), repairs)
+            if cells is not None:
+                ops[int(r["num_tokens"])].append(list(np.array(cells) * scale))
+                lines.setdefault(int(r["num_tokens"]), line)
+        if not ops:
             raise ValueError(f"{path.name}: no rows with tensor parallel degree {tp}")
-        tokens = np.array(sorted(sums), dtype=np.float64)
-        mean = np.array([np.mean(sums[int(n)], axis=0) for n in tokens])
+        tokens = np.array(sorted(ops), dtype=np.float64)
+        per_op = np.array([np.mean(ops[int(n)], axis=0) for n in tokens])  # [T, ops + emb]
+        mean = np.stack([per_op[:, :-1].sum(axis=1), per_op[:, -1]], axis=1)
+        _check_tokens(path, header, tokens, [lines[int(n)] for n in tokens], per_op, repairs)
         return cls(tokens, isotonic(mean[:, 0]), isotonic(mean[:, 1]), mean[:, 0].copy(), n_embd)
 
     def _eval(self, grid: np.ndarray, n: float) -> float:
@@ -211,9 +229,26 @@ class PrefillAttentionTable:
         return self._row(i0, kv) * (1 - w) + self._row(i1, kv) * w
 
 
-def load_attention(path: Path) -> tuple[DecodeAttentionTable, PrefillAttentionTable]:
-    with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+def _check_tokens(path, header, tokens, lines, per_op, repairs) -> None:
+    """More tokens never make a layer (or the embedding) cheaper, past the tolerance; a drop is
+    named by the operator column that fell most from the row with the largest time before it."""
+    layer = per_op[:, :-1].sum(axis=1)
+    points, best = [], 0
+    for i in range(len(tokens)):
+        op = int(np.argmax(per_op[best, :-1] - per_op[i, :-1]))
+        points.append((tokens[i], lines[i], float(layer[i]), _LAYER_COLUMNS[op]))
+        best = i if layer[i] >= layer[best] else best
+    check_monotone(path, header, points, repairs, "the layer time")
+    check_monotone(path, header, [(t, ln, float(e), _EMB) for t, ln, e in zip(tokens, lines, per_op[:, -1])],
+                   repairs, "the embedding time")
+
+
+def load_attention(path: Path, repairs: list | None = None) -> tuple[DecodeAttentionTable, PrefillAttentionTable]:
+    """Both attention tables; a ProfileError names an empty or non-numeric cell that a row uses,
+    unless `repairs` collects the rows dropped instead."""
+    header, numbered = read_rows(path)
+    rows = [r for line, r in numbered
+            if numbers(path, header, line, r, _ATTENTION_COLUMNS.get(r["is_prefill"], ()), repairs) is not None]
     decode = [r for r in rows if r["is_prefill"] == "False"]
     prefill = [r for r in rows if r["is_prefill"] == "True"]
     return DecodeAttentionTable.from_rows(decode), PrefillAttentionTable.from_rows(prefill)
@@ -249,10 +284,11 @@ class HostOverheadTable:
     @classmethod
     def from_csv(cls, path: Path, model: str) -> HostOverheadTable:
         cells: dict[int, list[float]] = defaultdict(list)
-        with open(path, newline="") as fh:
-            for r in csv.DictReader(fh):
-                if r["model_name"] == model:
-                    cells[int(r["batch_size"])].append(sum(_f(r[f"{s}_median"]) for s in HOST_STEPS))
+        header, rows = read_rows(path)
+        for line, r in rows:
+            if r["model_name"] == model:
+                steps = numbers(path, header, line, r, tuple(f"{s}_median" for s in HOST_STEPS), None)
+                cells[int(r["batch_size"])].append(sum(steps))
         if not cells:
             raise ValueError(f"{path.name}: no host-overhead rows for model {model!r}")
         batches = np.array(sorted(cells), dtype=np.float64)

@@ -25,8 +25,8 @@ def free_port() -> int:
 class FlareServer:
     """`flare run ARGS` on a free loopback port; waits for its ready line and /health."""
 
-    def __init__(self, *args: str, start_timeout: float = 180.0):
-        self.port = free_port()
+    def __init__(self, *args: str, start_timeout: float = 180.0, port: int | None = None):
+        self.port = free_port() if port is None else port
         self.url = f"http://127.0.0.1:{self.port}"
         self.stderr = tempfile.TemporaryFile(mode="w+")
         cmd = [sys.executable, "-m", "helios.cli", "run", "--port", str(self.port), *args]
@@ -76,14 +76,19 @@ class InProcessServer:
     """The app served by uvicorn on a thread of this process, on a free loopback port: real
     HTTP and SSE for the openai client, with the backend (and a wrapped core) inspectable."""
 
-    def __init__(self, app, start_timeout: float = 60.0):
+    def __init__(self, app, start_timeout: float = 60.0, settings=None):
         import uvicorn
 
         self.app = app
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
-                                timeout_graceful_shutdown=5)
+        if settings is not None:  # flare run's own uvicorn settings (connection limits and timeouts)
+            from helios.server.serve import uvicorn_config
+
+            config = uvicorn_config(app, settings, "127.0.0.1", self.port)
+        else:
+            config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                    timeout_graceful_shutdown=5)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="test-uvicorn", daemon=True)
         self.thread.start()

@@ -282,12 +282,13 @@ def test_raw_bodies(client, raw, code):
 
 def test_body_too_large(client):
     big = b'{"prompt": "' + b"a" * (70 * 1024) + b'"}'
-    assert assert_error(client.post("/v1/completions", content=big), 413)["code"] == "body_too_large"
+    json_type = {"content-type": "application/json"}
+    assert assert_error(client.post("/v1/completions", content=big, headers=json_type), 413)["code"] == "body_too_large"
 
     def chunked():  # no content-length: the limit is enforced while reading
         for _ in range(70):
             yield b"a" * 1024
-    assert_error(client.post("/v1/completions", content=chunked()), 413)
+    assert_error(client.post("/v1/completions", content=chunked(), headers=json_type), 413)
 
 
 def test_unknown_routes_and_methods(client):
@@ -304,8 +305,9 @@ def test_no_slot_leaks_after_errors(client):
 
 def test_queue_full_answers_429():
     """Rule: past slots + --max-queue, a request gets 429 with Retry-After at once (it is never
-    queued): it is answered while the engine is held, so nothing else could have finished."""
-    with make_client(slots=1, max_queue=1, pace=0.0) as c:
+    queued): it is answered while the engine is held, so nothing else could have finished. (One
+    client fills the whole bound here; the client share is tests/server/test_guards.py's.)"""
+    with make_client(slots=1, max_queue=1, pace=0.0, client_share=1.0) as c:
         s = service(c)
         gate = CoreGate(s.backend.core)
         results = []

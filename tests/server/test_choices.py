@@ -114,7 +114,7 @@ def test_bad_choice_requests_name_the_field_and_submit_nothing(client, body, par
 
 
 def test_sequences_past_the_admission_bound_get_429_and_none_is_submitted():
-    with make_client(slots=1, max_queue=2, pace=0.0) as c:
+    with make_client(slots=1, max_queue=2, pace=0.0, client_share=1.0) as c:  # one client fills the bound
         s = service(c)
         gate = CoreGate(s.backend.core)
         done = []

@@ -91,17 +91,15 @@ def test_stats_give_slots_queue_tokens_latency_and_graph_counts(client):
     assert s["decisions"]["recorded"] >= sum(s["graphs"].values())
 
 
-def test_an_api_key_guards_every_debug_route_but_not_the_page(client):
-    client.app.state.api_key = "sekrit"
-    try:
+def test_an_api_key_guards_every_debug_route_but_not_the_page():
+    backend = build_backend(EngineOptions(engine="sim", slots=2, max_context=256, prefill_capacity=256))
+    with TestClient(create_app(backend, ServerSettings(max_queue=4, api_key="sekrit"))) as client:
         for path in ("/debug/decisions", "/debug/stats", "/debug/decisions/stream?since=0"):
             r = client.get(path)
             assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key", path
             assert client.get(path, headers={"Authorization": "Bearer wrong"}).status_code == 401
         assert client.get("/debug/stats", headers={"Authorization": "Bearer sekrit"}).status_code == 200
         assert client.get("/dashboard").status_code == 200
-    finally:
-        client.app.state.api_key = None
 
 
 def test_the_dashboard_and_its_vendored_library_are_served(client):

@@ -85,17 +85,20 @@ def check(response) -> None:
         assert choices and all(c["finish_reason"] in ("stop", "length") for c in choices)
 
 
+JSON = {"content-type": "application/json"}  # other types get 415 (tests/server/test_guards.py)
+
+
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data(), chat=st.booleans())
 def test_fuzz_json_bodies(client, data, chat):
     body = data.draw(bodies(chat))
-    check(client.post("/v1/chat/completions" if chat else "/v1/completions", content=json.dumps(body)))
+    check(client.post("/v1/chat/completions" if chat else "/v1/completions", content=json.dumps(body), headers=JSON))
 
 
 @settings(max_examples=80, deadline=None)
 @given(raw=st.binary(max_size=200) | st.text(max_size=100).map(str.encode), chat=st.booleans())
 def test_fuzz_raw_bodies(client, raw, chat):
-    check(client.post("/v1/chat/completions" if chat else "/v1/completions", content=raw))
+    check(client.post("/v1/chat/completions" if chat else "/v1/completions", content=raw, headers=JSON))
 
 
 def test_after_fuzz_everything_is_free(client):

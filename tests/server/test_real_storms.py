@@ -34,7 +34,8 @@ def server():
     # No warm-up: costs are discovered on demand, and startup stays short on a busy CI machine.
     s = FlareServer("--slots", str(SLOTS), "--max-queue", str(QUEUE), "--max-context", "512",
                     "--prefill-capacity", "64", "--no-warmup", "--shutdown-grace", "3",
-                    "--max-body-bytes", "65536", start_timeout=900)
+                    "--max-body-bytes", "65536", "--client-share", "1", start_timeout=900)
+    # --client-share 1: this process plays every client, so one client may fill the admission bound.
     assert s.ready_line, s.error_text()
     yield s
     s.stop()
