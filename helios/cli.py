@@ -95,7 +95,11 @@ def _bench(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from helios.server.command import run
 
-    return run(args)
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # Ctrl-C while loading or warming up: nothing to drain yet
+        print("\nflare: interrupted during startup", file=sys.stderr)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:

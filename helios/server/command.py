@@ -147,11 +147,16 @@ def run(args: argparse.Namespace) -> int:
     """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
     from helios.server import EngineOptions, ServerSettings, build_backend, serve
     from helios.server.openmp import choose_wait_policy
+    from helios.server.preflight import preflight
     from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
+    from helios.server.startup import StartupLog
 
+    log = StartupLog()
     choose_wait_policy()
     try:
-        capacity = resolve(args.engine, args.model, args.slots, args.max_context)
+        # The model file's header (architecture, memory) and the flag combinations are checked
+        # before torch or the weights load: a refusal comes within about a second.
+        capacity = resolve(args.engine, args.model, args.slots, args.max_context, args.weights)
         options = EngineOptions(
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
@@ -169,7 +174,10 @@ def run(args: argparse.Namespace) -> int:
             scored_prefill=args.scored_prefill,
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
-        backend = build_backend(options)
+        preflight(options)
+        if capacity is not None:
+            log.step(capacity.describe())
+        backend = build_backend(options, log=log if options.engine == "torch" else None)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)
         detail = str(exc).split(": ", 1)[-1]
@@ -181,14 +189,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a model that does not load, a device that is not there
         print(f"flare run: error: could not start the engine: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    # Startup figures go to stderr once the engine is up (an invalid flag stays a one-line error).
-    if capacity is not None:
-        print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
-    print(f"flare: {backend.describe_catalog()}", file=sys.stderr, flush=True)
-    if (engine := backend.describe_engine()) is not None:
-        print(f"flare: {engine}", file=sys.stderr, flush=True)
-    if backend.warmup is not None:
-        print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
+    if backend.warmup is None:  # with a warm-up, these lines came as it began
+        log.step(backend.describe_catalog())
+        if (engine := backend.describe_engine()) is not None:
+            log.step(engine)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               shutdown_grace_s=args.shutdown_grace)
     try:

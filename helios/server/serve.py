@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import multiprocessing
+import os
 import signal
 import sys
 import threading
+import time
 
 import uvicorn
 
@@ -21,13 +24,14 @@ class _Server(uvicorn.Server):
     bound, then re-raise the signal (exit status 143). Here the first SIGTERM/SIGINT makes the
     app answer 503, lets in-flight requests finish for the grace period, cancels the rest
     (their slots and pages come back through the fence rules), and then exits with status 0.
-    A second signal exits at once.
+    A second signal exits at once (status 1) without tracebacks.
     """
 
     def __init__(self, config: uvicorn.Config, service):
         super().__init__(config)
         self.service = service
         self._draining = False
+        self._drain_start = 0.0
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -37,17 +41,33 @@ class _Server(uvicorn.Server):
 
     def handle_exit(self, sig, frame) -> None:
         if self._draining:
-            self.should_exit = self.force_exit = True
-            return
+            exit_now()
         self._draining = True
         self.service.draining = True
+        self._drain_start = time.monotonic()
+        live, grace = self.service.live, self.service.settings.shutdown_grace_s
+        print(f"flare: {signal.Signals(sig).name}: draining {live} request{'s' * (live != 1)} for up to "
+              f"{grace:g} s (new requests get 503); a second signal exits at once", file=sys.stderr, flush=True)
         threading.Thread(target=self._drain, name="flare-drain", daemon=True).start()
 
     def _drain(self) -> None:
         try:
             self.service.drain()
         finally:
+            print(f"flare: drained in {time.monotonic() - self._drain_start:.1f} s; exiting", file=sys.stderr,
+                  flush=True)
             self.should_exit = True
+
+
+def exit_now() -> None:
+    """The second signal: stop at once and quietly. Unwinding the event loop from here would cancel
+    every open connection's task and print their CancelledError tracebacks, so the process ends
+    without unwinding; spawned tensor-parallel ranks are terminated first, so none outlives it."""
+    print("flare: second signal: exiting now", file=sys.stderr, flush=True)
+    for child in multiprocessing.active_children():
+        child.terminate()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 def serve(backend: Backend, settings: ServerSettings, host: str, port: int, *, log_level: str = "warning") -> int:
