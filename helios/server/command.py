@@ -140,7 +140,11 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--shutdown-grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM, in-flight requests may finish for this long, then are cancelled")
     g.add_argument("--sim-pace", type=nonnegative_float, default=1.0, help=argparse.SUPPRESS)
-    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
+    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning",
+                   help="info: one line per finished request and a status line while busy; debug: also "
+                        "uvicorn's access log")
+    g.add_argument("--log-status-every", type=nonnegative_float, default=5.0, metavar="SECONDS",
+                   help="at --log-level info, the status line's interval while requests run (0: none)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,7 +200,8 @@ def run(args: argparse.Namespace) -> int:
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               shutdown_grace_s=args.shutdown_grace)
     try:
-        return serve(backend, settings, args.host, args.port, log_level=args.log_level)
+        return serve(backend, settings, args.host, args.port, log_level=args.log_level,
+                     status_every_s=args.log_status_every)
     finally:
         close = getattr(backend.core, "close", None)
         if close is not None:  # tensor parallelism: stop the spawned ranks

@@ -13,6 +13,7 @@ import time
 
 import uvicorn
 
+from helios.server import request_log
 from helios.server.app import ServerSettings, create_app
 from helios.server.backend import Backend
 
@@ -70,27 +71,34 @@ def exit_now() -> None:
     os._exit(1)
 
 
-def serve(backend: Backend, settings: ServerSettings, host: str, port: int, *, log_level: str = "warning") -> int:
+def serve(backend: Backend, settings: ServerSettings, host: str, port: int, *, log_level: str = "warning",
+          status_every_s: float = request_log.STATUS_EVERY_S) -> int:
     """Serve until SIGTERM/SIGINT; print one line when ready. Returns the exit status."""
     app = create_app(backend, settings)
-    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False, lifespan="on",
-                            timeout_graceful_shutdown=5, timeout_keep_alive=5)
-    server = _Server(config, app.state.service)
+    # uvicorn's access log only at debug: at info, the request lines below say more per request.
+    config = uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=log_level == "debug",
+                            lifespan="on", timeout_graceful_shutdown=5, timeout_keep_alive=5)
+    service = app.state.service
+    request_log.configure(log_level)
+    service.runtime.on_finish = request_log.chain(service.runtime.on_finish, request_log.log_request)
+    server = _Server(config, service)
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, server.handle_exit) for sig in signals}
+    status = request_log.StatusReporter(service.runtime, status_every_s)
     try:
-        return asyncio.run(_run(server, backend.model_id))
+        return asyncio.run(_run(server, backend.model_id, status))
     except KeyboardInterrupt:  # a signal before uvicorn installed its handlers
         return 0
     except SystemExit as exc:  # uvicorn exits this way when it cannot bind or start
         print(f"flare run: error: the server could not start on {host}:{port}", file=sys.stderr)
         return int(exc.code or 1) if isinstance(exc.code, int) else 1
     finally:
+        status.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
 
 
-async def _run(server: _Server, model_id: str) -> int:
+async def _run(server: _Server, model_id: str, status) -> int:
     task = asyncio.create_task(server.serve())
     while not server.started and not task.done():
         await asyncio.sleep(0.05)
@@ -98,6 +106,7 @@ async def _run(server: _Server, model_id: str) -> int:
         host, port = server.servers[0].sockets[0].getsockname()[:2]
         shown = f"[{host}]" if ":" in host else host
         print(f"flare: serving {model_id} on http://{shown}:{port}", flush=True)
+        status.start()
     await task
     if not server.started:
         print("flare run: error: the server did not start (see the message above)", file=sys.stderr)

@@ -78,6 +78,6 @@ class WarmupProgress:
 
 
 def wrap(head: str, items: list[str]) -> list[str]:
-    """`head: a, b, c, ...` wrapped to WIDTH characters, continuation lines indented."""
-    return textwrap.wrap(f"{head}: " + ", ".join(items), WIDTH, subsequent_indent="    ",
+    """`  head: a, b, c, ...` wrapped to WIDTH characters, continuation lines indented further."""
+    return textwrap.wrap(f"{head}: " + ", ".join(items), WIDTH, initial_indent="  ", subsequent_indent="      ",
                          break_long_words=False, break_on_hyphens=False)

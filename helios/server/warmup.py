@@ -76,7 +76,7 @@ class WarmupReport:
                                                             f"{ns / 1e6:.0f} ms")
         lines = [f"warm-up {self.elapsed_s:.1f} s: {len(self.samples)} graphs timed (median ms per run)"]
         for kind, items in by_kind.items():
-            lines += ["  " + line for line in wrap(kind, items)]
+            lines += wrap(kind, items)
         return lines
 
 
