@@ -8,6 +8,7 @@ import math
 import sys
 
 from helios.baselines import SCHEDULERS
+from helios.cli_help import DefaultsHelp, groups_first
 from helios.config import PromptRateLaw
 from helios.errors import ConfigError
 
@@ -60,20 +61,33 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         sys.exit(2)
 
     run.error = error
-    g = run.add_argument_group("model and engine")
-    g.add_argument("--model", metavar="PATH", help="a Llama-family GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    run.formatter_class = DefaultsHelp
+    run.usage = "%(prog)s [--model PATH] [--served-model-name NAME ...] [--port PORT] [--slots N] [options]"
+    run.description = ("Serve an OpenAI-compatible API (and vLLM's /tokenize, /detokenize, /version). The first "
+                       "group holds what operators set; the last holds the scheduler's study switches, whose "
+                       "defaults are the spec's.")
+    o = run.add_argument_group("server")
+    g = run.add_argument_group("engine")
+    o.add_argument("--model", metavar="PATH",
+                   help="a Llama GGUF file, or a Hugging Face model directory (Llama or Qwen2; config.json, "
+                        "*.safetensors, tokenizer.json); default: the embedded SmolLM2-135M-Instruct")
+    o.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names clients may send as `model` (the first is the one responses carry); "
+                        "default: the model file's name")
+    o.add_argument("--chat-template", metavar="FILE_OR_TEXT",
+                   help="a Jinja chat template (a file, or the template itself) instead of the model's")
     g.add_argument("--engine", choices=("torch", "sim"), default="torch",
                    help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
-    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    g.add_argument("--weights", choices=("fp32", "bf16", "int8"), default="fp32",
+    o.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    o.add_argument("--weights", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="fp32: the model's exact weights (default); bf16 (CPUs with AMX or AVX512-BF16) and "
                         "int8: faster linears on the CPU, but different greedy tokens (docs/server.md)")
-    g.add_argument("--slots", type=positive_int,
+    o.add_argument("--slots", type=positive_int,
                    help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,
                    help="largest prefill chunk in tokens, a multiple of 64 (default 256); the chunks "
                         "64, 256, 1024, ... below it are prepared too")
-    g.add_argument("--max-context", type=positive_int,
+    o.add_argument("--max-context", type=positive_int,
                    help="context tokens per request, prompt and output (default: the model's, at most 4096)")
     g.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                    help="torch engine: shard the model over N ranks (torch.distributed; gloo on the CPU, "
@@ -100,9 +114,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                         "instead of re-prefilling; 0 disables")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip timing every prepared graph at startup (costs are then discovered on demand)")
-    g = run.add_argument_group("scheduler")
+    g = run.add_argument_group(_INTERNALS)
     g.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="helios", help="Helios or a baseline")
-    g.add_argument("--scheduler-policy", choices=("balanced", "throughput"), default="balanced")
+    g.add_argument("--scheduler-policy", choices=("balanced", "throughput"), default="balanced",
+                   help="the Helios preset: balanced (first tokens and smooth streams) or throughput")
     g.add_argument("--scheduler-terminal-value", type=nonnegative_float, metavar="VALUE",
                    help="value per terminal retirement (0 disables)")
     g.add_argument("--scheduler-terminal-age-price", type=nonnegative_float, metavar="PRICE",
@@ -131,25 +146,30 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                         "it may pause it (>= 1, default 4: about adaptation-ms x ln 4 of waiting)")
     g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
                    help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
-    g = run.add_argument_group("HTTP")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
+    g = run.add_argument_group("HTTP limits")
+    o.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    o.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
     g.add_argument("--max-queue", type=nonnegative_int, default=32,
                    help="requests admitted beyond the slots before answering 429 (default 32)")
-    g.add_argument("--max-body-bytes", type=positive_int, default=2 * 1024 * 1024)
+    g.add_argument("--max-body-bytes", type=positive_int, default=2 * 1024 * 1024,
+                   help="larger request bodies get 413")
     g.add_argument("--shutdown-grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM, in-flight requests may finish for this long, then are cancelled")
     g.add_argument("--sim-pace", type=nonnegative_float, default=1.0, help=argparse.SUPPRESS)
-    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning",
+    o.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning",
                    help="info: one line per finished request and a status line while busy; debug: also "
                         "uvicorn's access log")
-    g.add_argument("--log-status-every", type=nonnegative_float, default=5.0, metavar="SECONDS",
+    o.add_argument("--log-status-every", type=nonnegative_float, default=5.0, metavar="SECONDS",
                    help="at --log-level info, the status line's interval while requests run (0: none)")
+    groups_first(run, _INTERNALS)  # operators' groups first, the study switches last
+
+
+_INTERNALS = "scheduler internals (study switches; the defaults are the spec's)"
 
 
 def run(args: argparse.Namespace) -> int:
     """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
-    from helios.server import EngineOptions, ServerSettings, build_backend, serve
+    from helios.server.backend import EngineOptions, build_backend
     from helios.server.openmp import choose_wait_policy
     from helios.server.preflight import preflight
     from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
@@ -197,6 +217,9 @@ def run(args: argparse.Namespace) -> int:
         log.step(backend.describe_catalog())
         if (engine := backend.describe_engine()) is not None:
             log.step(engine)
+    from helios.server.app import ServerSettings  # the HTTP stack: after the checks and the model
+    from helios.server.serve import serve
+
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               shutdown_grace_s=args.shutdown_grace)
     try:

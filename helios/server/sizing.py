@@ -130,7 +130,7 @@ def resolve(engine: str, model: str | None, slots: int | None, max_context: int 
     if model:
         path = pathlib.Path(model)
     else:
-        from helios.engine.model.loader import default_model_path  # package metadata only
+        from helios.engine.model_files import default_model_path
 
         path = default_model_path()
     shape = model_shape(path)
