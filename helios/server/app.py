@@ -18,6 +18,7 @@ from helios.runtime.stream import RequestStream
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
 from helios.server.errors import APIError, install_handlers
+from helios.server import tokenize
 from helios.server.logprobs import LogprobsFormatter
 from helios.server.metrics import CONTENT_TYPE, ServerMetrics
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
@@ -128,7 +129,6 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
     app = FastAPI(title="flare", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.service = service
     install_handlers(app)
-    model_id = backend.model_id
 
     @app.get("/health")
     async def health():
@@ -145,12 +145,12 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [_model_card(model_id, service)]}
+        return {"object": "list", "data": [_model_card(name, service) for name in backend.names]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
-        _check_model(name, model_id)
-        return _model_card(model_id, service)
+        _check_model(name, backend)
+        return _model_card(name, service)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -162,6 +162,7 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
         req = parse_body(ChatCompletionRequest, await _read_body(request, service.settings.max_body_bytes))
         return await _serve(request, service, req, chat=True)
 
+    tokenize.install(app, service, _read_body, _check_model)  # /tokenize, /detokenize, /version
     app.openapi = lambda: _openapi(app)
     return app
 
@@ -187,9 +188,10 @@ def _model_card(model_id: str, service: Service) -> dict:
             "max_model_len": service.backend.max_context}
 
 
-def _check_model(name: str | None, model_id: str) -> None:
-    if name is not None and name != model_id:
-        raise APIError(404, f"The model '{name}' does not exist; this server serves '{model_id}'", param="model",
+def _check_model(name: str | None, backend: Backend) -> None:
+    if name is not None and name not in backend.names:
+        served = "', '".join(backend.names)
+        raise APIError(404, f"The model '{name}' does not exist; this server serves '{served}'", param="model",
                        code="model_not_found")
 
 
@@ -208,7 +210,7 @@ async def _read_body(request: Request, limit: int) -> bytes:
 
 async def _serve(request: Request, service: Service, req, chat: bool):
     backend = service.backend
-    _check_model(req.model, backend.model_id)
+    _check_model(req.model, backend)
     service.check_admission()  # cheap early refusal before tokenizing
     if chat:
         prepared = await run_in_threadpool(prepare_chat, req, backend.tokenizer, backend.max_context,

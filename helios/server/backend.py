@@ -77,6 +77,12 @@ class Backend:
     vocab_size: int
     options: EngineOptions
     warmup: WarmupReport | None = None  # the torch engine's startup timings
+    # --served-model-name: the names clients may send as `model` (the first is model_id); empty: model_id only.
+    served_names: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.served_names or (self.model_id,)
 
     def describe_catalog(self) -> str:
         """The startup planning line: prepared graphs by kind and, with mixed graphs, the largest

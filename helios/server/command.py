@@ -27,7 +27,7 @@ _FLAGS = {
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
     "weights": "--weights", "tensor_parallel": "--tensor-parallel", "preemption": "--preemption",
     "mixed_prompt_steps": "--mixed-prompt-steps", "mixed_prompt_capacity": "--mixed-prompt-capacity",
-    "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
+    "chat_template": "--chat-template", "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
 }
 
 
@@ -172,6 +172,7 @@ def run(args: argparse.Namespace) -> int:
     from helios.server.backend import EngineOptions, build_backend
     from helios.server.openmp import choose_wait_policy
     from helios.server.preflight import preflight
+    from helios.server.chat_template import TemplatedTokenizer, load_chat_template
     from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
     from helios.server.startup import StartupLog
 
@@ -198,6 +199,7 @@ def run(args: argparse.Namespace) -> int:
             scored_prefill=args.scored_prefill,
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
+        template = load_chat_template(args.chat_template) if args.chat_template else None
         preflight(options)
         if capacity is not None:
             log.step(capacity.describe())
@@ -213,6 +215,10 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a model that does not load, a device that is not there
         print(f"flare run: error: could not start the engine: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
+    if args.served_model_name:  # the first name is the one responses carry
+        backend.model_id, backend.served_names = args.served_model_name[0], tuple(args.served_model_name)
+    if template is not None:
+        backend.tokenizer = TemplatedTokenizer(backend.tokenizer, template)
     if backend.warmup is None:  # with a warm-up, these lines came as it began
         log.step(backend.describe_catalog())
         if (engine := backend.describe_engine()) is not None:
