@@ -21,6 +21,7 @@ from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, preset
 from helios.engine.core import ChunkedCostModel
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
+from helios.sim import profile_shape
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import Capacities, build_catalog
 from helios.scheduler import RequestSpec
@@ -122,6 +123,10 @@ def load_cost_model(name: str) -> CostModel:
         return SyntheticCostModel.realistic_small()
     if os.path.isdir(name):  # --profile DIR: the user's Vidur-format attention and MLP CSVs
         return VidurCostModel.from_profile_dir(name)
+    if (shaped := profile_shape.decode(name)) is not None:  # --profile DIR with its model shape
+        directory, shape = shaped
+        return VidurCostModel.from_profile_dir(directory, layers=shape.layers, overhead_ms=shape.overhead_ms,
+                                               comm_us_per_token_layer=shape.comm_us, tp=shape.tp)
     if name not in COST_MODELS:
         raise ConfigError("cost_model", f"unknown cost model {name!r}; choose from {', '.join(COST_MODELS)}")
     return VidurCostModel.from_data(name)
