@@ -78,7 +78,7 @@ def load_model(model_path=None, device: str | torch.device = "cpu",
     # oneDNN-packed weights are a CPU layout; CUDA uses plain ones.
     model = LlamaModel(config, weights, pack_weights=device.type == "cpu", weight_format=fmt).to(device).eval()
     del weights
-    return LoadedModel(config, model, Tokenizer.from_gguf(model_path), device)
+    return LoadedModel(config, model, Tokenizer.from_path(model_path), device)
 
 
 class TorchCore:

@@ -228,7 +228,7 @@ def _torch_core(options, speculation, chunks, log=None):
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device", "CUDA is not available on this machine")
     path = pathlib.Path(options.model) if options.model else default_model_path()
-    if not path.is_file():
+    if not (path.is_file() or path.is_dir()):  # a GGUF file or a Hugging Face directory
         raise ConfigError("model", f"no such model file: {path}")
     if log is not None:
         log.step(f"loading {path.name} ({options.weights} weights, {options.slots} slots x "
@@ -249,5 +249,5 @@ def _torch_core(options, speculation, chunks, log=None):
     else:
         core = TorchCore(path, weights=options.weights, checkpoint_memory=options.checkpoint_memory_mib << 20,
                          **kwargs)
-    # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
-    return core, path.name.split(".")[0] or path.stem
+    # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"; a directory keeps its name.
+    return core, path.name if path.is_dir() else path.name.split(".")[0] or path.stem

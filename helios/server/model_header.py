@@ -139,6 +139,12 @@ def _hf_shape(path: pathlib.Path) -> ModelShape:
     per_layer = dim * head_dim * (heads + 2 * kv) + heads * head_dim * dim + 3 * dim * ffn + 2 * dim
     tied = config.get("tie_word_embeddings", False)
     params = vocab * dim * (1 if tied else 2) + layers * per_layer + dim
+    for needed in ("tokenizer.json",):
+        if not (path / needed).is_file():
+            raise ConfigError("model", f"{path.name}: no {needed} (a served Hugging Face directory has config.json, "
+                                       f"*.safetensors and tokenizer.json)")
+    if not any(path.glob("*.safetensors")):
+        raise ConfigError("model", f"{path.name}: no *.safetensors weights (.bin checkpoints are not read)")
     files = sum(p.stat().st_size for p in path.glob("*.safetensors"))
     return ModelShape(path, arch, layers, kv, head_dim, config.get("max_position_embeddings", 2048),
                       params, vocab * dim, bool(tied), files)
