@@ -36,7 +36,7 @@ def _tokenizer(directory) -> None:
 def _model(kind: str, directory, tied: bool):
     torch.manual_seed(0)
     common = dict(vocab_size=320, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0,
+                  num_key_value_heads=2, max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0,
                   tie_word_embeddings=tied, eos_token_id=1)
     if kind == "llama":
         config, cls = transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
@@ -92,3 +92,22 @@ def test_unserved_directories_are_refused_by_name(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({**config, "architectures": ["MistralForCausalLM"]}))
     with pytest.raises(ValueError, match="unsupported architecture"):
         hf_config(tmp_path)
+
+
+def test_flare_run_serves_a_directory(tmp_path):
+    from tests.server.support import FlareServer  # noqa: PLC0415
+    import httpx
+
+    _model("qwen2", tmp_path, True)
+    server = FlareServer("--model", str(tmp_path), "--slots", "2", "--max-context", "256", "--prefill-capacity",
+                         "64", "--no-warmup")
+    assert server.ready_line, server.error_text()
+    try:
+        r = httpx.post(server.url + "/v1/chat/completions", timeout=60,
+                       json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+        body = r.json()
+        assert r.status_code == 200 and body["model"] == tmp_path.name and body["usage"]["completion_tokens"] == 4
+        tokens = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "user", "content": "hi"}]}).json()
+        assert tokens["count"] == body["usage"]["prompt_tokens"]
+    finally:
+        assert server.stop() == 0
