@@ -213,20 +213,25 @@ def _scheduler(options, catalog, policy, config):
                                        f"use --speculation off or --scheduler helios") from None
 
 
+def check_device(name: str) -> None:
+    """ConfigError("device") unless `name` is a torch device this machine has."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError("device", f"not a torch device: {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "CUDA is not available on this machine")
+
+
 def _torch_core(options, speculation, chunks, log=None):
     """TorchCore on the chosen device and model file (it declares its capacities from these
     options and builds its catalog from them), and the model id it is served under."""
-    import torch
-
     from helios.engine.model import default_model_path
     from helios.engine.torch_core import TorchCore
 
-    try:
-        device = torch.device(options.device)
-    except RuntimeError:
-        raise ConfigError("device", f"not a torch device: {options.device!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", "CUDA is not available on this machine")
+    check_device(options.device)
     path = pathlib.Path(options.model) if options.model else default_model_path()
     if not (path.is_file() or path.is_dir()):  # a GGUF file or a Hugging Face directory
         raise ConfigError("model", f"no such model file: {path}")

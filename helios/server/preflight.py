@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 
 from helios.errors import ConfigError
-from helios.server.backend import EngineOptions, build_backend
+from helios.server.backend import EngineOptions, build_backend, check_device
 
 
 def preflight(options: EngineOptions) -> None:
@@ -21,13 +21,6 @@ def preflight(options: EngineOptions) -> None:
         return  # the sim engine builds in milliseconds: its own checks come at once
     if options.tensor_parallel > 1 and options.weights != "fp32":
         raise ConfigError("weights", "tensor parallelism shards fp32 weights only")
-    if options.device != "cpu":
-        import torch
-
-        try:
-            device = torch.device(options.device)
-        except RuntimeError:
-            raise ConfigError("device", f"not a torch device: {options.device!r}") from None
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError("device", "CUDA is not available on this machine")
+    if options.device != "cpu":  # torch loads here only for another device
+        check_device(options.device)
     build_backend(dataclasses.replace(options, engine="sim", warmup=False))

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from helios.cli import main
 from helios.errors import ConfigError
 from helios.sim import profile_shape
 from helios.sim.costmodel import VidurCostModel
-from helios.sim.traces import default_data_dir
+from test_user_data import _profile  # tests/sim is on sys.path (pytest prepend import mode)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -80,15 +79,6 @@ def test_each_finished_task_prints_a_line_with_elapsed_and_eta(tmp_path, capsys)
     lines = [line for line in err if line.startswith("flare sim report: [")]
     assert [line.split("]")[0][-3:] for line in lines] == ["1/2", "2/2"]
     assert all("elapsed" in line and "ETA" in line for line in lines)
-
-
-def _profile(tmp_path):
-    data = default_data_dir()
-    d = tmp_path / "profile"
-    d.mkdir()
-    shutil.copy(data / "vidur_h100_llama2-70b_mlp.csv", d / "mlp.csv")
-    shutil.copy(data / "vidur_a100_llama2-70b-shape_tp2_attention.csv", d / "attention.csv")
-    return d
 
 
 def test_profile_shape_comes_from_flags_over_model_json_over_defaults(tmp_path):
