@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from helios.engine.cpu_threads import TorchThread
-from helios.engine.model import LlamaModel, Tokenizer, load_weights
+from helios.engine.model import LlamaModel, load_tokenizer, load_weights
 from helios.engine.torch_core import LoadedModel, TorchCore
 from helios.errors import ConfigError
 
@@ -99,4 +99,4 @@ def _load_shard(rank: int, world: int, model_path, device, coll: Collectives) ->
         for block in model.layers:
             block.attn_reduce = coll.all_reduce
             block.mlp_reduce = coll.all_reduce
-    return LoadedModel(local, model, Tokenizer.from_path(model_path), device)
+    return LoadedModel(local, model, load_tokenizer(model_path), device)

@@ -11,7 +11,7 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from helios.engine.model import KVCache, LlamaModel, Tokenizer, load_weights  # noqa: E402
+from helios.engine.model import KVCache, LlamaModel, load_tokenizer, load_weights  # noqa: E402
 from helios.engine.model.hf import hf_config  # noqa: E402
 
 TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
@@ -71,7 +71,7 @@ def test_tokenizer_and_chat_template_come_from_the_directory(tmp_path):
     from tokenizers import Tokenizer as HFTok
 
     reference = HFTok.from_file(str(tmp_path / "tokenizer.json"))
-    tok = Tokenizer.from_path(tmp_path)
+    tok = load_tokenizer(tmp_path)
     text = tok.apply_chat_template([{"role": "user", "content": "héllo wörld"}])
     assert text == "<|im_start|>user\nhéllo wörld<|im_end|>\n<|im_start|>assistant\n"
     ids = tok.encode(text)

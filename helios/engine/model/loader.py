@@ -112,10 +112,6 @@ def config_from_metadata(meta: dict, tensor_names: set[str]) -> ModelConfig:
 
 def load_config(path=None) -> ModelConfig:
     """Read only the config of a GGUF (default: the bundled SmolLM2)."""
-    if path is not None and pathlib.Path(path).is_dir():  # a Hugging Face model directory
-        from helios.engine.model.hf import hf_config
-
-        return hf_config(path)
     reader = open_gguf(path)
     return config_from_metadata(read_metadata(reader), {t.name for t in reader.tensors})
 
@@ -161,10 +157,6 @@ def load_weights(path=None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
     ``[out, in]`` and Q/K rows are returned in Hugging Face rotate-half order.
     ``path`` defaults to :func:`default_model_path`.
     """
-    if path is not None and pathlib.Path(path).is_dir():  # a Hugging Face model directory
-        from helios.engine.model.hf import hf_weights
-
-        return hf_weights(path)
     reader = open_gguf(path)
     meta = read_metadata(reader)
     config = config_from_metadata(meta, {t.name for t in reader.tensors})

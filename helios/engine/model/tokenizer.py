@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import codecs
-import pathlib
 import re
 
 from tokenizers import AddedToken, decoders, models, pre_tokenizers
@@ -97,16 +96,6 @@ class Tokenizer:
             meta["tokenizer.ggml.eos_token_id"],
             meta.get("tokenizer.chat_template"),
         )
-
-    @classmethod
-    def from_path(cls, path=None) -> "Tokenizer":
-        """From a GGUF file (default: SmolLM2) or a Hugging Face model directory."""
-        if path is not None and pathlib.Path(path).is_dir():
-            from helios.engine.model.hf import HFTokenizer, hf_config
-
-            config = hf_config(path)
-            return HFTokenizer(path, config.eos_id, config.vocab_size)
-        return cls.from_gguf(path)
 
     @property
     def eos_id(self) -> int:
