@@ -80,11 +80,24 @@ class Progress:
 
 def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent stops the workers (terminate)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the parent's handler: terminate() ends a worker
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
 
 
 def run_tasks(tasks: list[tuple], run: Callable[..., dict], jobs: int, progress: Progress) -> dict:
     """`run(*task)` for each task, in `jobs` worker processes (in this process when jobs is 1):
-    {task: result}. Ctrl-C raises Interrupted with the finished tasks' results."""
+    {task: result}. Ctrl-C (or SIGTERM) raises Interrupted with the finished tasks' results."""
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the workers as Ctrl-C does
+    try:
+        return _run_tasks(tasks, run, jobs, progress)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_tasks(tasks: list[tuple], run: Callable[..., dict], jobs: int, progress: Progress) -> dict:
     results: dict = {}
     if jobs <= 1 or len(tasks) <= 1:
         try:

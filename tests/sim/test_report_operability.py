@@ -44,9 +44,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_ctrl_c_stops_the_workers_within_5_s_and_keeps_finished_tasks(tmp_path):
-    """Rule: the plan prints before any run; SIGINT cancels pending tasks, the worker processes are
-    gone within 5 s, the exit is quiet (no traceback) with status 130."""
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_stops_the_workers_within_5_s_and_keeps_finished_tasks(tmp_path, sig):
+    """Rule: the plan prints before any run; SIGINT (or SIGTERM) cancels pending tasks, the worker
+    processes are gone within 5 s, the exit is quiet (no traceback) with status 130."""
     out = tmp_path / "r"
     proc = subprocess.Popen([sys.executable, "-m", "helios.cli", "sim", "report", "--quick", "--jobs", "2",
                              "--traces", "mooncake", "--out", str(out)], cwd=ROOT, stderr=subprocess.PIPE,
@@ -59,7 +60,7 @@ def test_ctrl_c_stops_the_workers_within_5_s_and_keeps_finished_tasks(tmp_path):
         workers = _descendants(proc.pid)
         time.sleep(0.05)
     assert len(workers) >= 2
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     stopped = time.monotonic()
     rest = proc.stderr.read()
     assert proc.wait(30) == 130
