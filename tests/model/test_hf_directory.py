@@ -111,3 +111,16 @@ def test_flare_run_serves_a_directory(tmp_path):
         assert tokens["count"] == body["usage"]["prompt_tokens"]
     finally:
         assert server.stop() == 0
+
+
+def test_tensor_parallel_shards_carry_qwen2_biases(tmp_path):
+    """Each rank gets the q/k/v bias rows of its own heads: the shards put together are the whole."""
+    from helios.engine.sharding import shard_weights
+
+    _model("qwen2", tmp_path, True)
+    config, weights = load_weights(tmp_path)
+    shards = [shard_weights(config, weights, rank, 2)[1] for rank in range(2)]
+    for name in ("attn_q.bias", "attn_k.bias", "attn_v.bias"):
+        whole = torch.cat([s[f"blk.1.{name}"] for s in shards])
+        assert torch.equal(whole, weights[f"blk.1.{name}"]), name
+        assert shards[0][f"blk.1.{name}"].shape[0] == weights[f"blk.1.{name}"].shape[0] // 2
