@@ -175,3 +175,21 @@ def test_request_line_names_id_class_tokens_ttft_rate_and_finish():
                                    params=types.SimpleNamespace(service_class=types.SimpleNamespace(name="batch")))
     assert request_line(stream) == ("request cmpl-7 class batch: prompt 12 tok, output 21 tok, TTFT 200 ms, "
                                     "20.0 tok/s, 1.30 s, finish stop")
+
+
+def test_warmup_progress_is_a_bar_on_a_terminal_and_plain_lines_otherwise():
+    import io
+
+    from helios.server.startup import StartupLog
+
+    plain = io.StringIO()
+    progress = StartupLog(plain, tty=False).warmup()
+    for k in range(1, 4):
+        progress("first runs", k, 3)
+    progress.close()
+    assert plain.getvalue().splitlines()[-1].startswith("flare: warm-up first runs: 3/3 graphs, ")
+    bar = io.StringIO()
+    progress = StartupLog(bar, tty=True).warmup()
+    progress("round 1/3", 2, 5)
+    progress.close()
+    assert "flare: warm-up round 1/3: 2/5 graphs" in bar.getvalue() and "\r" in bar.getvalue()
