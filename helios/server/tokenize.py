@@ -35,6 +35,10 @@ class DetokenizeRequest(_Strict):
     tokens: list[int]
 
 
+# The JSON bodies the routes parse themselves, for the app's OpenAPI schema (clients, schema fuzzing).
+BODIES = (("/tokenize", TokenizeRequest), ("/detokenize", DetokenizeRequest))
+
+
 def tokenize(req: TokenizeRequest, tokenizer, max_context: int) -> dict:
     if (req.prompt is None) == (req.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
