@@ -128,7 +128,3 @@ class HFTokenizer(Tokenizer):
                 return tok.encode()
             return bytes(table[c] for c in tok) if all(c in table for c in tok) else tok.encode()
         self._token_bytes = [raw(i) for i in range(self._vocab_size)]
-
-
-def is_hf_directory(path) -> bool:
-    return path is not None and pathlib.Path(path).is_dir()
