@@ -130,15 +130,20 @@ def test_first_signal_says_what_drains_and_a_second_exits_quietly():
     """Rule: SIGINT prints what is being drained and for how long; a second SIGINT exits at once
     without tracebacks."""
     flare = _Flare("--engine", "sim", "--sim-pace", "20", "--shutdown-grace", "60")
-    flare.ready()
-    with httpx.stream("POST", flare.url + "/v1/completions", timeout=60,
-                      json={"prompt": "abc", "max_tokens": 1000, "stream": True}) as r:
-        next(line for line in r.iter_lines() if line.startswith("data: {"))
-        flare.proc.send_signal(signal.SIGINT)
-        drain = flare.wait_line("draining")
-        assert "draining 1 request for up to 60 s" in drain
-        flare.proc.send_signal(signal.SIGINT)
-        assert flare.proc.wait(30) == 1
+    try:
+        flare.ready()
+        with httpx.stream("POST", flare.url + "/v1/completions", timeout=60,
+                          json={"prompt": "abc", "max_tokens": 1000, "stream": True}) as r:
+            next(line for line in r.iter_lines() if line.startswith("data: {"))
+            flare.proc.send_signal(signal.SIGINT)
+            drain = flare.wait_line("draining")
+            assert "draining 1 request for up to 60 s" in drain
+            flare.proc.send_signal(signal.SIGINT)
+            assert flare.proc.wait(30) == 1
+    finally:
+        if flare.proc.poll() is None:  # a failed check must not leave the server running
+            flare.proc.kill()
+            flare.proc.wait()
     flare.wait_line("exiting now")
     assert "Traceback" not in flare.text() and "CancelledError" not in flare.text(), flare.text()
 
