@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from helios.cli_help import DefaultsHelp
+
 
 def _sim(args: argparse.Namespace) -> int:
     from helios.sim.demo import run_demo
@@ -22,27 +24,6 @@ def _sim(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_profile(args: argparse.Namespace) -> int | None:
-    """Load --profile once here: a bad cell stops the run with one line naming file, line and
-    column (status 2); with --profile-repair, the repairs are reported instead."""
-    from helios.errors import ConfigError
-    from helios.sim.costmodel import VidurCostModel
-
-    repairs: list | None = [] if args.profile_repair else None
-    try:
-        VidurCostModel.from_profile_dir(args.profile, repairs=repairs)
-    except ConfigError as exc:
-        print(f"flare sim report: {exc}", file=sys.stderr)
-        return 2
-    if repairs:
-        print(f"flare sim report: repaired {len(repairs)} profile cells:", file=sys.stderr)
-        for repair in repairs[:20]:
-            print(f"  {repair}", file=sys.stderr)
-        if len(repairs) > 20:
-            print(f"  ... and {len(repairs) - 20} more", file=sys.stderr)
-    return None
-
-
 def _sim_report(args: argparse.Namespace) -> int:
     import shlex
     import time
@@ -51,13 +32,12 @@ def _sim_report(args: argparse.Namespace) -> int:
     from helios.errors import ConfigError
     from helios.sim.experiment import setup_from_flags
     from helios.sim.report import ReportConfig, quick, run_report
+    from helios.sim.report_tasks import Interrupted
 
-    cost_model = args.profile or args.cost_model
-    if args.profile and (status := _check_profile(args)) is not None:
-        return status
-    if args.profile and args.profile_repair:
-        cost_model = "repaired:" + args.profile
+    cost_model = args.cost_model
     try:
+        if args.profile:  # the model shape: flags, else DIR/model.json, else the defaults; printed
+            cost_model = _profile_cost_model(args)
         setup = setup_from_flags(cost_model=cost_model, mixed_prefill=args.mixed_prefill,
                                  mixed_prompt_steps=args.mixed_prompt_steps,
                                  mixed_prompt_capacity=args.mixed_prompt_capacity,
@@ -84,8 +64,40 @@ def _sim_report(args: argparse.Namespace) -> int:
     except (ConfigError, FileNotFoundError) as exc:  # bad names or missing data: say so, no traceback
         print(f"flare sim report: {exc}", file=sys.stderr)
         return 2
+    except Interrupted as stop:  # Ctrl-C: the workers are stopped; the finished tasks are kept
+        print(f"\nflare sim report: interrupted after {len(stop.finished)} of {stop.total} tasks; the finished "
+              f"ones are in {args.out}/partial-results.json", file=sys.stderr)
+        return 130
+    except KeyboardInterrupt:  # before the tasks began
+        print("\nflare sim report: interrupted", file=sys.stderr)
+        return 130
     print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def _profile_cost_model(args: argparse.Namespace) -> str:
+    """The cost-model name of `--profile DIR` with its model shape (helios.sim.profile_shape); prints
+    the shape it uses, and with --profile-repair the repairs made. ConfigError for a bad shape, a TP
+    degree the MLP file lacks, or (without --profile-repair) a bad cell named by file, line and column."""
+    from helios.sim import profile_shape
+    from helios.sim.costmodel import VidurCostModel
+    from helios.sim.experiment import REPAIRED
+
+    shape, source = profile_shape.read_shape(args.profile, layers=args.profile_layers, tp=args.profile_tp,
+                                             overhead_ms=args.profile_overhead_ms, comm_us=args.profile_comm_us)
+    repairs: list | None = [] if args.profile_repair else None
+    model = VidurCostModel.from_profile_dir(args.profile, layers=shape.layers, overhead_ms=shape.overhead_ms,
+                                            comm_us_per_token_layer=shape.comm_us, tp=shape.tp, repairs=repairs)
+    print(f"flare sim report: {profile_shape.describe(args.profile, shape, model.profile.tp, source)}",
+          file=sys.stderr, flush=True)
+    if repairs:
+        print(f"flare sim report: repaired {len(repairs)} profile cells:", file=sys.stderr)
+        for repair in repairs[:20]:
+            print(f"  {repair}", file=sys.stderr)
+        if len(repairs) > 20:
+            print(f"  ... and {len(repairs) - 20} more", file=sys.stderr)
+    name = profile_shape.encode(args.profile, shape)
+    return REPAIRED + name if args.profile_repair else name
 
 
 def _csv(kind):
@@ -124,26 +136,31 @@ def _bench(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from helios.server.command import run
 
-    return run(args)
+    try:
+        return run(args)
+    except KeyboardInterrupt:  # Ctrl-C while loading or warming up: nothing to drain yet
+        print("\nflare: interrupted during startup", file=sys.stderr)
+        return 130
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flare", description="Helios LLM-serving runtime")
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="serve an OpenAI-compatible API")
-    from helios.server.command import add_arguments as add_run_arguments, positive_int
+    from helios.server.command import add_arguments as add_run_arguments, nonnegative_float, positive_int
 
     add_run_arguments(run)
     run.set_defaults(func=_run)
-    sim = sub.add_parser("sim", help="simulate the scheduler on a virtual clock")
+    sim = sub.add_parser("sim", help="simulate the scheduler on a virtual clock", formatter_class=DefaultsHelp)
     sim.add_argument("--demo", action="store_true", help="a short SimCore run with a per-step trace")
-    sim.add_argument("--requests", type=positive_int, default=8)
-    sim.add_argument("--steps", type=positive_int, default=40)
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--requests", type=positive_int, default=8, help="--demo: requests to simulate")
+    sim.add_argument("--steps", type=positive_int, default=40, help="--demo: scheduler steps to trace")
+    sim.add_argument("--seed", type=int, default=0, help="--demo: the random seed")
     sim.add_argument("--mixed-prefill", action="store_true", help="--demo with the mixed prefill+decode catalog")
     sim.set_defaults(func=_sim)
     sim_sub = sim.add_subparsers(dest="sim_command")
-    report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report")
+    report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report",
+                                formatter_class=DefaultsHelp)
     report.add_argument("--out", default="sim-report", help="output directory (report.md, PNGs, results.json)")
     report.add_argument("--traces", type=_csv(str), help="comma-separated: azure, mooncake, multi")
     report.add_argument("--schedulers", type=_names,
@@ -167,6 +184,15 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--profile-repair", action="store_true",
                         help="drop --profile rows with empty or non-numeric timings and smooth timings that fall "
                              "as tokens grow, and report each repair (default: such a cell is an error)")
+    report.add_argument("--profile-layers", type=positive_int, metavar="N",
+                        help="with --profile: the model's layer count (else DIR/model.json's, else 80)")
+    report.add_argument("--profile-tp", type=positive_int, metavar="N",
+                        help="with --profile: the tensor parallelism whose MLP rows to use (else DIR/model.json's, "
+                             "else the smallest in mlp.csv)")
+    report.add_argument("--profile-overhead-ms", type=nonnegative_float, metavar="MS",
+                        help="with --profile: the per-graph overhead (else DIR/model.json's, else 0)")
+    report.add_argument("--profile-comm-us", type=nonnegative_float, metavar="US",
+                        help="with --profile: TP communication per token and layer (else DIR/model.json's, else 0)")
     report.add_argument("--cost-model", default="h100-70b",
                         help="h100-70b, a100-70b-tp2 (a 70B estimate), a100-34b-tp2, h100-7b or realistic-small")
     report.add_argument("--jobs", type=positive_int,
@@ -189,8 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     from helios.sim.explain_cli import add_parsers as add_explain_parsers
 
     add_explain_parsers(sim_sub)  # `flare sim run` (a run with its decision log) and `flare sim explain`
-    bench = sub.add_parser("bench", help="measure the scheduler's cost per decision")
-    bench.add_argument("--iterations", type=positive_int, default=300)
+    bench = sub.add_parser("bench", help="measure the scheduler's cost per decision", formatter_class=DefaultsHelp)
+    bench.add_argument("--iterations", type=positive_int, default=300, help="scheduler decisions to time")
     bench.set_defaults(func=_bench)
     return parser
 

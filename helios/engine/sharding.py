@@ -10,7 +10,7 @@ import torch
 import torch.distributed as dist
 
 from helios.engine.cpu_threads import TorchThread
-from helios.engine.model import LlamaModel, Tokenizer, load_weights
+from helios.engine.model import LlamaModel, load_tokenizer, load_weights
 from helios.engine.torch_core import LoadedModel, TorchCore
 from helios.errors import ConfigError
 
@@ -54,6 +54,9 @@ def shard_weights(config, weights: dict[str, torch.Tensor], rank: int, world: in
         out[p + "ffn_gate.weight"] = weights[p + "ffn_gate.weight"][m].contiguous()
         out[p + "ffn_up.weight"] = weights[p + "ffn_up.weight"][m].contiguous()
         out[p + "ffn_down.weight"] = weights[p + "ffn_down.weight"][:, m].contiguous()
+        for name, rows in (("attn_q.bias", q), ("attn_k.bias", k), ("attn_v.bias", k)):  # Qwen2
+            if p + name in weights:
+                out[p + name] = weights[p + name][rows].contiguous()
     local = dataclasses.replace(config, n_heads=len(kv) * G, n_kv_heads=len(kv),
                                 hidden_dim=m.stop - m.start)
     return local, out
@@ -96,4 +99,4 @@ def _load_shard(rank: int, world: int, model_path, device, coll: Collectives) ->
         for block in model.layers:
             block.attn_reduce = coll.all_reduce
             block.mlp_reduce = coll.all_reduce
-    return LoadedModel(local, model, Tokenizer.from_gguf(model_path), device)
+    return LoadedModel(local, model, load_tokenizer(model_path), device)

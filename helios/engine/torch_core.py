@@ -26,7 +26,8 @@ from helios.config import SchedulerConfig, SpeculationMode
 from helios.engine.cpu_threads import TorchThread
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, Execution
 from helios.engine.grammar import GRAMMAR_OPTION, Constraint, grammar_tokenizer, row_errors
-from helios.engine.model import KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_weights
+from helios.engine.model import (KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_tokenizer,
+                                 load_weights)
 from helios.engine.model.weights import bf16_available
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
@@ -78,7 +79,7 @@ def load_model(model_path=None, device: str | torch.device = "cpu",
     # oneDNN-packed weights are a CPU layout; CUDA uses plain ones.
     model = LlamaModel(config, weights, pack_weights=device.type == "cpu", weight_format=fmt).to(device).eval()
     del weights
-    return LoadedModel(config, model, Tokenizer.from_gguf(model_path), device)
+    return LoadedModel(config, model, load_tokenizer(model_path), device)
 
 
 class TorchCore:

@@ -48,6 +48,8 @@ class RuntimeStats:
     """Counters for the server's metrics; the scheduler's own are in `Runtime.snapshot()`."""
 
     submitted: int = 0
+    prompt_tokens: int = 0  # of admitted requests, counted at admission
+    generated_tokens: int = 0  # counted as each burst is published, not when its request ends
     finished: dict = field(default_factory=dict)  # finish_reason -> requests
     executions_by_shape: dict = field(default_factory=dict)  # shape label -> frames
     wall_ns_by_shape: dict = field(default_factory=dict)  # shape label -> dispatch-to-completion ns
@@ -55,7 +57,6 @@ class RuntimeStats:
     loop_wakeups: int = 0
     decisions: HostTimes = field(default_factory=HostTimes)  # plan and commit of each dispatched frame
     completions: HostTimes = field(default_factory=HostTimes)  # complete and publish of each finished frame
-    output_tokens: int = 0  # tokens committed to streams (EOS included), as they are published
 
 
 class Runtime:
@@ -187,6 +188,7 @@ class Runtime:
             self._worker.attach(handle, prompt, options)
             self._step.attached(handle)
             self.stats.submitted += 1
+            self.stats.prompt_tokens += len(prompt)
             self._cv.notify_all()
         return stream
 
@@ -277,7 +279,7 @@ class Runtime:
         if stream is None or pub is None:
             return False  # already ended on the host side (cancelled, stopped, failed)
         stream._count(len(g.tokens))
-        self.stats.output_tokens += len(g.tokens)
+        self.stats.generated_tokens += len(g.tokens)
         # A burst's entries are aligned with its record's tokens; a stripped EOS is the last one.
         piece = pub.feed(visible_tokens(g), self._frame_logprobs.get(g.handle))
         if g.finish is not None and not piece.stopped:

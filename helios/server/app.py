@@ -22,6 +22,7 @@ from helios.server.constraint_limits import compile_for_core
 from helios.server.debug import install_debug
 from helios.server.live_stats import LiveStats
 from helios.server.errors import APIError, install_handlers
+from helios.server import tokenize
 from helios.server.guards import count_rejection, install_guards, read_body
 from helios.server.limits import check_prompt_size, longest_token_bytes
 from helios.server.logprobs import LogprobsFormatter
@@ -143,7 +144,6 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
     app.state.service = service
     install_handlers(app, on_error=lambda status, code: count_rejection(service.metrics, status, code))
     install_guards(app, settings or ServerSettings())
-    model_id = backend.model_id
 
     @app.get("/health")
     async def health():
@@ -160,12 +160,12 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
 
     @app.get("/v1/models")
     async def models():
-        return {"object": "list", "data": [_model_card(model_id, service)]}
+        return {"object": "list", "data": [_model_card(name, service) for name in backend.names]}
 
     @app.get("/v1/models/{name:path}")
     async def model(name: str):
-        _check_model(name, model_id)
-        return _model_card(model_id, service)
+        _check_model(name, backend)
+        return _model_card(name, service)
 
     @app.post("/v1/completions")
     async def completions(request: Request):
@@ -178,6 +178,7 @@ def create_app(backend: Backend, settings: ServerSettings | None = None) -> Fast
         return await _serve(request, service, req, chat=True)
 
     install_debug(app, service)  # /debug/decisions (+ stream), /debug/stats, /dashboard
+    tokenize.install(app, service, read_body, _check_model)  # /tokenize, /detokenize, /version
     app.openapi = lambda: _openapi(app)
     return app
 
@@ -188,7 +189,8 @@ def _openapi(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         schema = get_openapi(title=app.title, version=app.version, routes=app.routes)
         components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest)):
+        for path, model in (("/v1/completions", CompletionRequest), ("/v1/chat/completions", ChatCompletionRequest),
+                            *tokenize.BODIES):
             body = model.model_json_schema(ref_template="#/components/schemas/{model}")
             components.update(body.pop("$defs", {}))
             components[model.__name__] = body
@@ -203,15 +205,16 @@ def _model_card(model_id: str, service: Service) -> dict:
             "max_model_len": service.backend.max_context}
 
 
-def _check_model(name: str | None, model_id: str) -> None:
-    if name is not None and name != model_id:
-        raise APIError(404, f"The model '{name}' does not exist; this server serves '{model_id}'", param="model",
+def _check_model(name: str | None, backend: Backend) -> None:
+    if name is not None and name not in backend.names:
+        served = "', '".join(backend.names)
+        raise APIError(404, f"The model '{name}' does not exist; this server serves '{served}'", param="model",
                        code="model_not_found")
 
 
 async def _serve(request: Request, service: Service, req, chat: bool):
     backend = service.backend
-    _check_model(req.model, backend.model_id)
+    _check_model(req.model, backend)
     client = client_key(req.user, request.client.host if request.client else None)
     service.check_admission(1, client)  # cheap early refusals before tokenizing
     check_prompt_size(req, chat, backend.max_context, service.longest_token)

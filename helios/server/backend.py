@@ -77,6 +77,12 @@ class Backend:
     vocab_size: int
     options: EngineOptions
     warmup: WarmupReport | None = None  # the torch engine's startup timings
+    # --served-model-name: the names clients may send as `model` (the first is model_id); empty: model_id only.
+    served_names: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.served_names or (self.model_id,)
 
     def describe_catalog(self) -> str:
         """The startup planning line: prepared graphs by kind and, with mixed graphs, the largest
@@ -85,12 +91,7 @@ class Backend:
 
     def describe_engine(self) -> str | None:
         """The CPU engine's startup line (None for other engines and devices)."""
-        torch_thread = getattr(self.core, "torch_thread", None)
-        if torch_thread is None:
-            return None
-        from helios.engine.model.weights import bf16_available
-
-        return describe_cpu_engine(self.options.weights, torch_thread.most, bf16_available())
+        return describe_engine(self.core, self.options)
 
 
 def describe_cpu_engine(weights: str, threads: int, bf16_native: bool) -> str:
@@ -116,8 +117,9 @@ def describe_catalog(catalog) -> str:
     return text
 
 
-def build_backend(options: EngineOptions) -> Backend:
-    """Build the engine; ConfigError (naming the option) for any value it cannot serve."""
+def build_backend(options: EngineOptions, log=None) -> Backend:
+    """Build the engine; ConfigError (naming the option) for any value it cannot serve. `log`
+    (helios.server.startup.StartupLog) gets each stage's line as it begins."""
     if options.scheduler not in SCHEDULERS:
         raise ConfigError("scheduler", f"unknown scheduler {options.scheduler!r}; choose {', '.join(SCHEDULERS)}")
     policy = preset(options.policy, terminal_value=options.terminal_value,
@@ -152,16 +154,42 @@ def build_backend(options: EngineOptions) -> Backend:
         core, model_id = EchoSimCore(capacities, request_slots=options.slots, max_context=options.max_context,
                                      pace=options.sim_pace), "helios-sim"
     elif options.engine == "torch":
-        core, model_id = _torch_core(options, speculation, chunks)
+        core, model_id = _torch_core(options, speculation, chunks, log)
     else:
         raise ConfigError("engine", f"choose torch or sim, got {options.engine!r}")
     scheduler = _scheduler(options, core.catalog, policy, _with_preemption(options, core.scheduler_config()))
     # Steady-state timings of every prepared graph seed the cost table (helios.server.warmup).
-    report = warm_up(scheduler, core) if options.warmup and options.engine == "torch" else None
+    report = _warm_up(scheduler, core, log, options) if options.warmup and options.engine == "torch" else None
     if getattr(core, "grammars", False):
         core.prepare_grammars()  # before serving, not in line with the first constrained request's frames
     return Backend(scheduler, core, core.tokenizer, model_id, core.max_context, options.slots,
                    core.tokenizer.vocab_size, options, report)
+
+
+def _warm_up(scheduler, core, log, options) -> WarmupReport:
+    if log is None:
+        return warm_up(scheduler, core)
+    log.step(describe_catalog(core.catalog))
+    if (engine := describe_engine(core, options)) is not None:
+        log.step(engine)
+    log.step(f"warm-up: timing {len(core.catalog)} graphs (--no-warmup skips it)")
+    progress = log.warmup()
+    try:
+        report = warm_up(scheduler, core, progress=progress)
+    finally:
+        progress.close()
+    for line in report.describe_lines():
+        log.line(line)
+    return report
+
+
+def describe_engine(core, options) -> str | None:
+    torch_thread = getattr(core, "torch_thread", None)
+    if torch_thread is None:
+        return None
+    from helios.engine.model.weights import bf16_available
+
+    return describe_cpu_engine(options.weights, torch_thread.most, bf16_available())
 
 
 def _with_preemption(options, config):
@@ -185,23 +213,31 @@ def _scheduler(options, catalog, policy, config):
                                        f"use --speculation off or --scheduler helios") from None
 
 
-def _torch_core(options, speculation, chunks):
-    """TorchCore on the chosen device and model file (it declares its capacities from these
-    options and builds its catalog from them), and the model id it is served under."""
+def check_device(name: str) -> None:
+    """ConfigError("device") unless `name` is a torch device this machine has."""
     import torch
 
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError("device", f"not a torch device: {name!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device", "CUDA is not available on this machine")
+
+
+def _torch_core(options, speculation, chunks, log=None):
+    """TorchCore on the chosen device and model file (it declares its capacities from these
+    options and builds its catalog from them), and the model id it is served under."""
     from helios.engine.model import default_model_path
     from helios.engine.torch_core import TorchCore
 
-    try:
-        device = torch.device(options.device)
-    except RuntimeError:
-        raise ConfigError("device", f"not a torch device: {options.device!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device", "CUDA is not available on this machine")
+    check_device(options.device)
     path = pathlib.Path(options.model) if options.model else default_model_path()
-    if not path.is_file():
+    if not (path.is_file() or path.is_dir()):  # a GGUF file or a Hugging Face directory
         raise ConfigError("model", f"no such model file: {path}")
+    if log is not None:
+        log.step(f"loading {path.name} ({options.weights} weights, {options.slots} slots x "
+                 f"{options.max_context} tokens) and preparing its graphs")
     kwargs = dict(request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
                   max_batch=options.slots, speculation=speculation,
                   speculative_token_capacity=options.speculative_token_capacity, device=options.device,
@@ -218,5 +254,5 @@ def _torch_core(options, speculation, chunks):
     else:
         core = TorchCore(path, weights=options.weights, checkpoint_memory=options.checkpoint_memory_mib << 20,
                          **kwargs)
-    # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
-    return core, path.name.split(".")[0] or path.stem
+    # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"; a directory keeps its name.
+    return core, path.name if path.is_dir() else path.name.split(".")[0] or path.stem

@@ -8,6 +8,7 @@ import math
 import sys
 
 from helios.baselines import SCHEDULERS
+from helios.cli_help import DefaultsHelp, groups_first
 from helios.config import PromptRateLaw
 from helios.errors import ConfigError
 from helios.server.hardening_cli import add_hardening_arguments, hardening_settings
@@ -28,6 +29,7 @@ _FLAGS = {
     "weights": "--weights", "tensor_parallel": "--tensor-parallel", "preemption": "--preemption",
     "mixed_prompt_steps": "--mixed-prompt-steps", "mixed_prompt_capacity": "--mixed-prompt-capacity",
     "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
+    "chat_template": "--chat-template",
 }
 
 
@@ -62,20 +64,33 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
         sys.exit(2)
 
     run.error = error
-    g = run.add_argument_group("model and engine")
-    g.add_argument("--model", metavar="PATH", help="a Llama-family GGUF (default: the embedded SmolLM2-135M-Instruct)")
+    run.formatter_class = DefaultsHelp
+    run.usage = "%(prog)s [--model PATH] [--served-model-name NAME ...] [--port PORT] [--slots N] [options]"
+    run.description = ("Serve an OpenAI-compatible API (and vLLM's /tokenize, /detokenize, /version). The first "
+                       "group holds what operators set; the last holds the scheduler's study switches, whose "
+                       "defaults are the spec's.")
+    o = run.add_argument_group("server")
+    g = run.add_argument_group("engine")
+    o.add_argument("--model", metavar="PATH",
+                   help="a Llama GGUF file, or a Hugging Face model directory (Llama or Qwen2; config.json, "
+                        "*.safetensors, tokenizer.json); default: the embedded SmolLM2-135M-Instruct")
+    o.add_argument("--served-model-name", nargs="+", metavar="NAME",
+                   help="the names clients may send as `model` (the first is the one responses carry); "
+                        "default: the model file's name")
+    o.add_argument("--chat-template", metavar="FILE_OR_TEXT",
+                   help="a Jinja chat template (a file, or the template itself) instead of the model's")
     g.add_argument("--engine", choices=("torch", "sim"), default="torch",
                    help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
-    g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    g.add_argument("--weights", choices=("fp32", "bf16", "int8"), default="fp32",
+    o.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
+    o.add_argument("--weights", choices=("fp32", "bf16", "int8"), default="fp32",
                    help="fp32: the model's exact weights (default); bf16 (CPUs with AMX or AVX512-BF16) and "
                         "int8: faster linears on the CPU, but different greedy tokens (docs/server.md)")
-    g.add_argument("--slots", type=positive_int,
+    o.add_argument("--slots", type=positive_int,
                    help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,
                    help="largest prefill chunk in tokens, a multiple of 64 (default 256); the chunks "
                         "64, 256, 1024, ... below it are prepared too")
-    g.add_argument("--max-context", type=positive_int,
+    o.add_argument("--max-context", type=positive_int,
                    help="context tokens per request, prompt and output (default: the model's, at most 4096)")
     g.add_argument("--tensor-parallel", type=positive_int, default=1, metavar="N",
                    help="torch engine: shard the model over N ranks (torch.distributed; gloo on the CPU, "
@@ -102,9 +117,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                         "instead of re-prefilling; 0 disables")
     g.add_argument("--no-warmup", dest="warmup", action="store_false",
                    help="skip timing every prepared graph at startup (costs are then discovered on demand)")
-    g = run.add_argument_group("scheduler")
+    g = run.add_argument_group(_INTERNALS)
     g.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="helios", help="Helios or a baseline")
-    g.add_argument("--scheduler-policy", choices=("balanced", "throughput"), default="balanced")
+    g.add_argument("--scheduler-policy", choices=("balanced", "throughput"), default="balanced",
+                   help="the Helios preset: balanced (first tokens and smooth streams) or throughput")
     g.add_argument("--scheduler-terminal-value", type=nonnegative_float, metavar="VALUE",
                    help="value per terminal retirement (0 disables)")
     g.add_argument("--scheduler-terminal-age-price", type=nonnegative_float, metavar="PRICE",
@@ -133,28 +149,43 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                         "it may pause it (>= 1, default 4: about adaptation-ms x ln 4 of waiting)")
     g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
                    help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
-    g = run.add_argument_group("HTTP")
-    g.add_argument("--host", default="127.0.0.1")
-    g.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
+    g = run.add_argument_group("HTTP limits")
+    o.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0: every interface)")
+    o.add_argument("--port", type=port_number, default=8000, help="0 picks a free port")
     g.add_argument("--max-queue", type=nonnegative_int, default=32,
                    help="requests admitted beyond the slots before answering 429 (default 32)")
-    g.add_argument("--max-body-bytes", type=positive_int, default=2 * 1024 * 1024)
+    g.add_argument("--max-body-bytes", type=positive_int, default=2 * 1024 * 1024,
+                   help="larger request bodies get 413")
     g.add_argument("--shutdown-grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM, in-flight requests may finish for this long, then are cancelled")
     g.add_argument("--sim-pace", type=nonnegative_float, default=1.0, help=argparse.SUPPRESS)
-    g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
+    o.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning",
+                   help="info: one line per finished request and a status line while busy; debug: also "
+                        "uvicorn's access log")
+    o.add_argument("--log-status-every", type=nonnegative_float, default=5.0, metavar="SECONDS",
+                   help="at --log-level info, the status line's interval while requests run (0: none)")
     add_hardening_arguments(run, _share, positive_float, positive_int)
+    groups_first(run, _INTERNALS)  # operators' groups first, the study switches last
+
+
+_INTERNALS = "scheduler internals (study switches; the defaults are the spec's)"
 
 
 def run(args: argparse.Namespace) -> int:
     """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
-    from helios.server import EngineOptions, ServerSettings, build_backend, serve
+    from helios.server.backend import EngineOptions, build_backend
     from helios.server.openmp import choose_wait_policy
+    from helios.server.preflight import preflight
+    from helios.server.chat_template import TemplatedTokenizer, load_chat_template
     from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
+    from helios.server.startup import StartupLog
 
+    log = StartupLog()
     choose_wait_policy()
     try:
-        capacity = resolve(args.engine, args.model, args.slots, args.max_context)
+        # The model file's header (architecture, memory) and the flag combinations are checked
+        # before torch or the weights load: a refusal comes within about a second.
+        capacity = resolve(args.engine, args.model, args.slots, args.max_context, args.weights)
         options = EngineOptions(
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
@@ -172,7 +203,11 @@ def run(args: argparse.Namespace) -> int:
             scored_prefill=args.scored_prefill,
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
-        backend = build_backend(options)
+        template = load_chat_template(args.chat_template) if args.chat_template else None
+        preflight(options)
+        if capacity is not None:
+            log.step(capacity.describe())
+        backend = build_backend(options, log=log if options.engine == "torch" else None)
     except ConfigError as exc:
         flag = _FLAGS.get(exc.field)
         detail = str(exc).split(": ", 1)[-1]
@@ -184,18 +219,22 @@ def run(args: argparse.Namespace) -> int:
     except Exception as exc:  # a model that does not load, a device that is not there
         print(f"flare run: error: could not start the engine: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
-    # Startup figures go to stderr once the engine is up (an invalid flag stays a one-line error).
-    if capacity is not None:
-        print(f"flare: {capacity.describe()}", file=sys.stderr, flush=True)
-    print(f"flare: {backend.describe_catalog()}", file=sys.stderr, flush=True)
-    if (engine := backend.describe_engine()) is not None:
-        print(f"flare: {engine}", file=sys.stderr, flush=True)
-    if backend.warmup is not None:
-        print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
+    if args.served_model_name:  # the first name is the one responses carry
+        backend.model_id, backend.served_names = args.served_model_name[0], tuple(args.served_model_name)
+    if template is not None:
+        backend.tokenizer = TemplatedTokenizer(backend.tokenizer, template)
+    if backend.warmup is None:  # with a warm-up, these lines came as it began
+        log.step(backend.describe_catalog())
+        if (engine := backend.describe_engine()) is not None:
+            log.step(engine)
+    from helios.server.app import ServerSettings  # the HTTP stack: after the checks and the model
+    from helios.server.serve import serve
+
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
                               shutdown_grace_s=args.shutdown_grace, **hardening_settings(args))
     try:
-        return serve(backend, settings, args.host, args.port, log_level=args.log_level)
+        return serve(backend, settings, args.host, args.port, log_level=args.log_level,
+                     status_every_s=args.log_status_every)
     finally:
         close = getattr(backend.core, "close", None)
         if close is not None:  # tensor parallelism: stop the spawned ranks

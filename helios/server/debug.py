@@ -52,7 +52,7 @@ def stats_body(service) -> dict:
     origin = log.origin_ns if log is not None else 0
     # The server's runtime runs on time.monotonic_ns; the scheduler's own time moves only with decisions.
     now = time.monotonic_ns()
-    return {"t": (now - origin) / 1e9, "output_tokens": stats.output_tokens,
+    return {"t": (now - origin) / 1e9, "output_tokens": stats.generated_tokens,
             "submitted": stats.submitted, "finished": sum(stats.finished.values()),
             "running": snap.running, "waiting": snap.waiting, "free_slots": snap.free_slots,
             "slots": snap.total_slots, "free_pages": snap.free_pages, "pages": snap.total_pages,

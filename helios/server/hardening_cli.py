@@ -1,4 +1,4 @@
-"""`flare run`'s security and limits flags (issue 42): the API key (also from FLARE_API_KEY, as
+"""`flare run`'s security and connection flags (issue 42): the API key (also from FLARE_API_KEY, as
 vLLM reads VLLM_API_KEY), CORS origins, fair admission share, and connection limits."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ API_KEY_ENV = "FLARE_API_KEY"
 
 
 def add_hardening_arguments(run: argparse.ArgumentParser, share, positive_float, positive_int) -> None:
-    g = run.add_argument_group("security and limits")
+    g = run.add_argument_group("security and connections")
     g.add_argument("--api-key", metavar="KEY",
-                   help=f"require 'Authorization: Bearer KEY' on /v1/* (default: ${API_KEY_ENV} when set; "
-                        "/health and /metrics stay open)")
+                   help=f"require 'Authorization: Bearer KEY' on /v1/* and /debug/* (default: ${API_KEY_ENV} "
+                        "when set; /health, /metrics and the /dashboard page stay open)")
     g.add_argument("--allowed-origins", metavar="ORIGINS",
                    help="comma-separated origins that browsers may call from (CORS), or '*'; default none")
     g.add_argument("--client-share", type=share, default=0.5, metavar="FRACTION",

@@ -22,6 +22,7 @@ CONTEXT_CAP = 4096
 KV_MEMORY_FRACTION = 0.4  # the rest stays for the weights' working copies, activations and the OS
 MAX_SLOTS = 64  # selection is bounded to 64 request slots (backend.build_backend checks it)
 FLOAT_BYTES = 4  # the KV cache is float32 like the model (engine/model/llama.py)
+GIB = 1024 ** 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,42 +63,80 @@ def weight_bytes(c) -> int:
     return FLOAT_BYTES * (2 * c.vocab_size * c.dim + c.n_layers * per_layer)
 
 
+# Bytes per linear-weight element as each --weights format holds it (int8: per-channel scales are
+# negligible); the token embedding stays float32 in every format.
+FORMAT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
+
+
+def serving_weight_bytes(shape, weights: str = "fp32") -> int:
+    """Memory the model's weights take while serving (`shape`: helios.server.model_header.ModelShape).
+    Loading dequantizes every tensor to float32 first, so the peak is at least params x 4 bytes."""
+    per = FORMAT_BYTES.get(weights, FLOAT_BYTES)
+    linear = shape.params - shape.embedding_params + (shape.embedding_params if shape.tied_embeddings else 0)
+    return max(FLOAT_BYTES * shape.embedding_params + per * linear, FLOAT_BYTES * shape.params)
+
+
 def physical_memory_bytes() -> int:
     """Total physical memory (POSIX sysconf; the memory a server of this machine may plan for)."""
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
 def choose_capacity(model_config, *, slots: int | None, max_context: int | None,
-                    memory_bytes: int | None = None) -> Capacity:
-    """Fill in whichever of `slots` and `max_context` is None from memory and the model's KV size."""
+                    memory_bytes: int | None = None, weights_bytes: int | None = None) -> Capacity:
+    """Fill in whichever of `slots` and `max_context` is None from memory and the model's KV size
+    (`weights_bytes`: the weights' memory, default float32 `weight_bytes`)."""
     memory = physical_memory_bytes() if memory_bytes is None else memory_bytes
+    weights = weight_bytes(model_config) if weights_bytes is None else weights_bytes
     per_token = kv_bytes_per_token(model_config.n_layers, model_config.n_kv_heads, model_config.head_dim)
     context = max_context if max_context is not None else min(model_config.max_context, CONTEXT_CAP)
     chosen = slots
     if chosen is None:
-        budget = KV_MEMORY_FRACTION * (memory - weight_bytes(model_config))
+        budget = KV_MEMORY_FRACTION * (memory - weights)
         fit = int(budget // (per_token * context))
         if fit < 1:
-            raise ConfigError("max_context", f"one {context}-token slot needs {per_token * context} bytes of "
-                                             f"KV cache; this machine has {memory} bytes; lower --max-context")
+            raise ConfigError("max_context", f"one {context}-token slot needs {per_token * context / GIB:.2f} GiB "
+                                             f"of KV cache, and {KV_MEMORY_FRACTION:.0%} of the "
+                                             f"{(memory - weights) / GIB:.1f} GiB left after the weights is "
+                                             f"{budget / GIB:.2f} GiB; lower --max-context")
         chosen = min(MAX_SLOTS, 1 << (fit.bit_length() - 1))
     return Capacity(chosen, context, per_token, memory, model_config.max_context,
                     slots is None, max_context is None)
 
 
-def resolve(engine: str, model: str | None, slots: int | None, max_context: int | None) -> Capacity | None:
+def check_weights_fit(shape, weights: str, memory: int) -> int:
+    """The weights' memory; ConfigError("model") naming it when it alone exceeds this machine's."""
+    need = serving_weight_bytes(shape, weights)
+    if need >= memory:
+        smaller = [f for f in FORMAT_BYTES if serving_weight_bytes(shape, f) < memory and f != weights]
+        hint = (f"; --weights {smaller[0]} needs {serving_weight_bytes(shape, smaller[0]) / GIB:.1f} GiB"
+                if smaller else "; choose a smaller model")
+        raise ConfigError("model", f"{shape.path.name}: {shape.params / 1e9:.2f} B parameters need "
+                                   f"{need / GIB:.1f} GiB of memory as {weights} weights (loading converts "
+                                   f"them to float32), and this machine has {memory / GIB:.1f} GiB{hint}")
+    return need
+
+
+def resolve(engine: str, model: str | None, slots: int | None, max_context: int | None,
+            weights: str = "fp32", memory_bytes: int | None = None) -> Capacity | None:
     """The torch engine's capacity for `flare run` (None for the sim engine, which keeps SIM_SLOTS
-    and SIM_CONTEXT: it has no model to size for)."""
+    and SIM_CONTEXT: it has no model to size for). Reads only the model file's header, so a model
+    of the wrong architecture or too large for this machine is refused before torch loads."""
     if engine != "torch":
         return None
     import pathlib
 
-    from helios.engine.model import default_model_path, load_config
+    from helios.server.model_header import model_shape
 
-    path = pathlib.Path(model) if model else default_model_path()
-    if not path.is_file():
-        raise ConfigError("model", f"no such model file: {path}")
-    return choose_capacity(load_config(path), slots=slots, max_context=max_context)
+    if model:
+        path = pathlib.Path(model)
+    else:
+        from helios.engine.model_files import default_model_path
+
+        path = default_model_path()
+    shape = model_shape(path)
+    memory = physical_memory_bytes() if memory_bytes is None else memory_bytes
+    need = check_weights_fit(shape, weights, memory)
+    return choose_capacity(shape, slots=slots, max_context=max_context, memory_bytes=memory, weights_bytes=need)
 
 
 SIM_SLOTS, SIM_CONTEXT = 4, 1024

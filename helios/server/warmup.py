@@ -24,10 +24,12 @@ from __future__ import annotations
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Callable, Mapping
 
 from helios.errors import ConfigError
 from helios.graphs import GraphShape
+
+Progress = Callable[[str, int, int], None]  # (stage, graphs done in this pass, graphs in this pass)
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +63,36 @@ class WarmupReport:
         return {shape: int(statistics.median(v)) for shape, v in self.samples.items()}
 
     def describe(self) -> str:
-        parts = ", ".join(f"{shape.label()} {ns / 1e6:.0f} ms" for shape, ns in self.medians_ns().items())
-        return f"warm-up {self.elapsed_s:.1f} s: {parts}"
+        return "\n".join(self.describe_lines())
+
+    def describe_lines(self) -> list[str]:
+        """A summary line, then each graph kind's median costs, wrapped (one line per graph kind
+        instead of one line of hundreds of characters)."""
+        from helios.server.startup import wrap
+
+        by_kind: dict[str, list[str]] = {}
+        for shape, ns in self.medians_ns().items():
+            by_kind.setdefault(shape.kind.value, []).append(f"{shape.label().split('[', 1)[-1].rstrip(']')} "
+                                                            f"{ns / 1e6:.0f} ms")
+        lines = [f"warm-up {self.elapsed_s:.1f} s: {len(self.samples)} graphs timed (median ms per run)"]
+        for kind, items in by_kind.items():
+            lines += wrap(kind, items)
+        return lines
 
 
-def measure(core, config: WarmupConfig = WarmupConfig()) -> WarmupReport:
-    """Time every prepared graph of `core` (anything with `catalog` and `time_graph`)."""
+def measure(core, config: WarmupConfig = WarmupConfig(), progress: Progress | None = None) -> WarmupReport:
+    """Time every prepared graph of `core` (anything with `catalog` and `time_graph`).
+    `progress(stage, k, n)` is called after each run: k of the pass's n graphs are done."""
     start = time.perf_counter()
     shapes = list(core.catalog)
     samples: dict[GraphShape, list[int]] = {shape: [] for shape in shapes}
-    for shape in shapes:
-        for _ in range(config.discard):
+    report = progress or (lambda stage, k, n: None)
+    for _ in range(config.discard):
+        for i, shape in enumerate(shapes):
             ns = core.time_graph(shape, _context(shape, config))
             if ns > config.keep_first_ns:  # one-off costs are small next to a run this long
                 samples[shape].append(ns)
+            report("first runs", i + 1, len(shapes))
     for r in range(config.rounds):
         k = r % len(shapes)
         order = shapes[k:] + shapes[:k]
@@ -82,15 +100,17 @@ def measure(core, config: WarmupConfig = WarmupConfig()) -> WarmupReport:
             order = [s for s in order if not samples[s]]  # past the budget: one sample each
             if not order:
                 break
-        for shape in order:
+        for i, shape in enumerate(order):
             samples[shape].append(core.time_graph(shape, _context(shape, config)))
+            report(f"round {r + 1}/{config.rounds}", i + 1, len(order))
     return WarmupReport({s: tuple(v) for s, v in samples.items()}, time.perf_counter() - start)
 
 
-def warm_up(scheduler, core, config: WarmupConfig = WarmupConfig()) -> WarmupReport:
+def warm_up(scheduler, core, config: WarmupConfig = WarmupConfig(),
+            progress: Progress | None = None) -> WarmupReport:
     """Measure `core`'s graphs and seed `scheduler` with every sample, on the monotonic clock
     (the runtime's)."""
-    report = measure(core, config)
+    report = measure(core, config, progress)
     scheduler.seed_costs(report.samples, time.monotonic_ns())
     return report
 

@@ -129,15 +129,18 @@ class VidurCostModel:
 
     @classmethod
     def from_profile_dir(cls, directory: str | Path, *, layers: int = 80, overhead_ms: float = 0.0,
-                         comm_us_per_token_layer: float = 0.0, repairs: list | None = None) -> VidurCostModel:
+                         comm_us_per_token_layer: float = 0.0, tp: int | None = None,
+                         repairs: list | None = None) -> VidurCostModel:
         """A user's Vidur profile (`flare sim report --profile DIR`): DIR holds Vidur's `attention.csv`
         and `mlp.csv` (or exactly one `*attention*.csv` and one `*mlp*.csv`) for one model and GPU.
 
         The TP degree is read from the MLP file (its smallest `num_tensor_parallel_workers`); nothing
         there gives the layer count or the per-graph overhead, so they are arguments (default: 80
-        layers, Llama-2-70B, and no overhead). A ConfigError names a missing file or column, and an
-        empty, non-numeric or non-monotone cell by file, line and column, unless `repairs` (a list)
-        collects the repairs made instead (helios.sim.profile_input).
+        layers, Llama-2-70B, and no overhead; helios.sim.profile_shape reads them from flags or a
+        model.json). `tp` picks the MLP file's rows of that TP degree (default: the smallest). A
+        ConfigError names a missing file or column, and an empty, non-numeric or non-monotone cell by
+        file, line and column, unless `repairs` (a list) collects the repairs made instead
+        (helios.sim.profile_input).
         """
         directory = Path(directory)
         attention, mlp = _profile_file(directory, "attention"), _profile_file(directory, "mlp")
@@ -147,9 +150,13 @@ class VidurCostModel:
                                      "time_stats.attn_decode.median", "time_stats.attn_prefill.median"))
         with open(mlp, newline="") as fh:
             try:
-                tp = min(int(r["num_tensor_parallel_workers"]) for r in csv.DictReader(fh))
+                degrees = {int(r["num_tensor_parallel_workers"]) for r in csv.DictReader(fh)}
             except ValueError as exc:
                 raise ConfigError("profile", f"{mlp}: bad num_tensor_parallel_workers ({exc})") from None
+        if tp is not None and tp not in degrees:
+            raise ConfigError("profile", f"{mlp} has no rows for tensor parallelism {tp} (it has "
+                                         f"{', '.join(map(str, sorted(degrees)))})")
+        tp = min(degrees) if tp is None else tp
         profile = VidurProfile(f"dir:{directory.name}", mlp.name, tp, layers, 1.0, 1.0, None,
                                default_overhead_ms=overhead_ms)
         try:

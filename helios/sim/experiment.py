@@ -21,6 +21,7 @@ from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, preset
 from helios.engine.core import ChunkedCostModel
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
+from helios.sim import profile_shape
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import Capacities, build_catalog
 from helios.scheduler import RequestSpec
@@ -123,10 +124,14 @@ def load_cost_model(name: str) -> CostModel:
     """A cost model by name: a Vidur profile (docs/cost-models.md) or "realistic-small" (synthetic)."""
     if name == "realistic-small":
         return SyntheticCostModel.realistic_small()
-    if os.path.isdir(name):  # --profile DIR: the user's Vidur-format attention and MLP CSVs
-        return VidurCostModel.from_profile_dir(name)
-    if name.startswith(REPAIRED) and os.path.isdir(name[len(REPAIRED):]):  # --profile DIR --profile-repair
-        return VidurCostModel.from_profile_dir(name[len(REPAIRED):], repairs=[])
+    # --profile DIR --profile-repair: the name carries the REPAIRED prefix (a bad cell is repaired, not an error)
+    repairs, profile = ([], name[len(REPAIRED):]) if name.startswith(REPAIRED) else (None, name)
+    if os.path.isdir(profile):  # --profile DIR: the user's Vidur-format attention and MLP CSVs
+        return VidurCostModel.from_profile_dir(profile, repairs=repairs)
+    if (shaped := profile_shape.decode(profile)) is not None:  # --profile DIR with its model shape
+        directory, shape = shaped
+        return VidurCostModel.from_profile_dir(directory, layers=shape.layers, overhead_ms=shape.overhead_ms,
+                                               comm_us_per_token_layer=shape.comm_us, tp=shape.tp, repairs=repairs)
     if name not in COST_MODELS:
         raise ConfigError("cost_model", f"unknown cost model {name!r}; choose from {', '.join(COST_MODELS)}")
     return VidurCostModel.from_data(name)

@@ -11,7 +11,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import functools
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from helios.sim.experiment import (REUSE_SUFFIX, SCHEDULERS, Setup, build_schedu
                                    run_workload)
 from helios.sim.metrics import NS_PER_S, SLO, goodput_sweep, request_gaps_ms, ttft_ms
 from helios.sim.report_md import write_markdown
+from helios.sim.report_tasks import Interrupted, Plan, Progress, run_tasks
 from helios.sim.seeds import combine
 from helios.sim.workload import load_workload, loads_of, rescale, trace_label, window_for
 
@@ -157,8 +158,10 @@ def usable_schedulers(names, setup: Setup) -> tuple[list[str], dict[str, str]]:
 
 
 def run_report(cfg: ReportConfig, out_dir: str | os.PathLike, *, command: str = "",
-               progress: bool | None = None) -> Path:
-    """Run everything, write report.md, results.json and the PNGs into `out_dir`; returns report.md."""
+               progress: bool = True) -> Path:
+    """Run everything, write report.md, results.json and the PNGs into `out_dir`; returns report.md.
+    With `progress`, the plan and a line per finished task go to stderr. Ctrl-C raises
+    report_tasks.Interrupted after writing the finished tasks to `out_dir`/partial-results.json."""
     t0 = time.perf_counter()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -172,20 +175,16 @@ def run_report(cfg: ReportConfig, out_dir: str | os.PathLike, *, command: str = 
     tasks = [(t, s, seed) for t, s in pairs for seed in cfg.seeds]
     # Longest first (Helios on the long-prompt trace): the pool's last task then ends soonest.
     tasks.sort(key=lambda k: (not k[1].startswith("helios"), k[0] != "mooncake"))
-    per_seed: dict[tuple[str, str, int], dict] = {}
-    bar = _bar(len(tasks), progress)
-    if cfg.jobs > 1 and len(tasks) > 1:
-        with ProcessPoolExecutor(max_workers=cfg.jobs) as pool:
-            futures = {pool.submit(run_task, t, s, seed, cfg, workloads[t]): (t, s, seed) for t, s, seed in tasks}
-            for fut in as_completed(futures):
-                per_seed[futures[fut]] = fut.result()
-                _tick(bar, futures[fut])
-    else:
-        for t, s, seed in tasks:
-            per_seed[(t, s, seed)] = run_task(t, s, seed, cfg, workloads[t])
-            _tick(bar, (t, s, seed))
-    if bar is not None:
-        bar.close()
+    plan = make_plan(cfg, tasks, workloads)
+    stream = sys.stderr if progress else open(os.devnull, "w")
+    print(f"flare sim report: {plan.describe(quick=cfg.window_s is not None and cfg.window_s <= 10)}",
+          file=stream, flush=True)
+    try:
+        per_seed = run_tasks(tasks, functools.partial(_task, cfg=cfg, workloads=workloads), cfg.jobs,
+                             Progress(len(tasks), stream))
+    except Interrupted as stop:
+        _write_partial(stop.finished, out / "partial-results.json")
+        raise
     results = {(t, s): combine([per_seed[(t, s, seed)] for seed in cfg.seeds]) for t, s in pairs}
     figures = _figures(cfg, schedulers, results, workloads, out)
     wall = time.perf_counter() - t0
@@ -194,6 +193,34 @@ def run_report(cfg: ReportConfig, out_dir: str | os.PathLike, *, command: str = 
     text = write_markdown(cfg, schedulers, skipped, results, workloads, figures, command, wall, variants)
     path.write_text(text)
     return path
+
+
+def _task(trace: str, scheduler: str, seed: int, *, cfg: ReportConfig, workloads: dict) -> dict:
+    return run_task(trace, scheduler, seed, cfg, workloads[trace])
+
+
+def make_plan(cfg: ReportConfig, tasks: list[tuple], workloads: dict) -> Plan:
+    """Runs and simulated requests, at most: each task runs the loads and the sweep grid (shared
+    points once), then up to `refine` bisection and `extend_down` halving steps."""
+    tokens = {t: sum(r.prompt_tokens + r.output_tokens
+                     for r in load_workload(t, w.window_s, seed=cfg.seed, max_context=cfg.setup.max_context))
+              for t, w in workloads.items()}
+    runs = requests = total = 0
+    for trace, _, _ in tasks:
+        n = len(set(loads_of(trace, cfg.loads)) | set(loads_of(trace, cfg.sweep))) + cfg.refine + cfg.extend_down
+        runs += n
+        requests += n * workloads[trace].requests
+        total += n * tokens[trace]
+    return Plan(len(tasks), runs, requests, total, max(1, min(cfg.jobs, len(tasks))))
+
+
+def _write_partial(finished: dict, path: Path) -> None:
+    """The finished tasks of an interrupted report: per task its loads' metrics and its goodput."""
+    rows = [{"trace": t, "scheduler": s, "seed": seed, "runs": r["runs"], "wall_s": r["wall_s"],
+             "goodput": getattr(r["goodput"], "goodput", None),
+             "loads": {str(load): v["metrics"] for load, v in r["loads"].items()}}
+            for (t, s, seed), r in finished.items()]
+    path.write_text(json.dumps({"finished_tasks": rows}, indent=1, default=float))
 
 
 def _figures(cfg, schedulers, results, workloads, out: Path) -> dict[str, list[str]]:
@@ -242,19 +269,3 @@ def _write_json(cfg, names, results, workloads, path: Path, wall: float) -> None
                                for load, v in results[(t, s)]["loads"].items()}}
                     for t in cfg.traces for s in dict.fromkeys(names) if (t, s) in results]}
     path.write_text(json.dumps(doc, indent=1, default=float))
-
-
-def _bar(total: int, progress: bool | None):
-    if progress is None:
-        progress = sys.stderr.isatty()
-    if not progress:
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=total, desc="report", unit="task")
-
-
-def _tick(bar, key) -> None:
-    if bar is not None:
-        bar.set_postfix_str("/".join(map(str, key)))
-        bar.update(1)

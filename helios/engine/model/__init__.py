@@ -17,13 +17,10 @@ from helios.engine.model.llama import (
     rope_tables,
 )
 from helios.engine.model.weights import WeightFormat
-from helios.engine.model.loader import (
-    ModelConfig,
-    default_model_path,
-    load_config,
-    load_weights,
-)
+from helios.engine.model.loader import ModelConfig, default_model_path
 from helios.engine.model.tokenizer import IncrementalDetokenizer, Tokenizer
+# GGUF files and Hugging Face directories alike (helios.engine.model.files).
+from helios.engine.model.files import load_config, load_tokenizer, load_weights
 
 __all__ = [
     "IncrementalDetokenizer",
@@ -36,6 +33,7 @@ __all__ = [
     "default_model_path",
     "generate_greedy",
     "load_config",
+    "load_tokenizer",
     "load_weights",
     "rms_norm",
     "rope_tables",

@@ -137,6 +137,9 @@ class Block(nn.Module):
         # Q, K and V share one input: one [(H + 2K) * D, dim] matmul is faster.
         self.wqkv = linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"],
                                       w[p + "attn_v.weight"]]), pack, fmt)
+        # Qwen2's q/k/v biases (Llama has none), added after the fused projection.
+        bias = [w.get(p + f"attn_{x}.bias") for x in "qkv"]
+        self.bqkv = frozen(torch.cat(bias)) if bias[0] is not None else None
         self.wo = linear(w[p + "attn_output.weight"], pack, fmt)
         self.ffn_norm = frozen(w[p + "ffn_norm.weight"])
         # Gate and up projections fused the same way: [2 * hidden, dim].
@@ -153,8 +156,10 @@ class Block(nn.Module):
         H, K, D = c.n_heads, c.n_kv_heads, c.head_dim
         G = H // K  # query heads per KV head
 
-        q, k, v = self.wqkv(rms_norm(x, self.attn_norm, c.norm_eps)).split(
-            [H * D, K * D, K * D], dim=-1)
+        qkv = self.wqkv(rms_norm(x, self.attn_norm, c.norm_eps))
+        if self.bqkv is not None:
+            qkv = qkv + self.bqkv
+        q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
         q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)  # [B, H, L, D]
         k = apply_rope(k.view(B, L, K, D).transpose(1, 2), cos, sin)  # [B, K, L, D]
         v = v.view(B, L, K, D)
