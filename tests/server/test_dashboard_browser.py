@@ -46,7 +46,8 @@ def _browser():
 
 @pytest.fixture(scope="module")
 def server():
-    s = FlareServer("--engine", "sim", "--slots", str(STREAMS), "--max-context", "512")
+    s = FlareServer("--engine", "sim", "--slots", str(STREAMS), "--max-context", "512",
+                    "--client-share", "1")  # one process plays every client
     assert s.ready_line, s.error_text()
     yield s
     assert s.stop() == 0
