@@ -48,7 +48,9 @@ class EngineOptions:
     device: str = "cpu"
     sim_pace: float = 1.0  # sim engine: real seconds slept per simulated second
     warmup: bool = True  # torch engine: time every prepared graph before serving
-    weights: str = "fp32"  # torch engine: fp32 (reference tokens), bf16 or int8 (faster, other tokens)
+    # torch engine: gguf (the file's quantized weights), fp32 (reference tokens), bf16 or int8 (faster,
+    # other tokens); None: gguf on one CPU rank, fp32 elsewhere (weight_format)
+    weights: str | None = "fp32"
     tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
     mixed_prompt_steps: int = PROMPT_STEPS  # their prompt buckets per factor of four (helios.prepare.mixed)
@@ -90,7 +92,15 @@ class Backend:
             return None
         from helios.engine.model.weights import bf16_available
 
-        return describe_cpu_engine(self.options.weights, torch_thread.most, bf16_available())
+        return describe_cpu_engine(weight_format(self.options), torch_thread.most, bf16_available())
+
+
+def weight_format(options) -> str:
+    """`--weights`, or its default: the file's own quantized weights on one CPU rank, fp32 elsewhere
+    (tensor parallelism shards fp32 weights; other devices have no kernel for them)."""
+    if options.weights is not None:
+        return options.weights
+    return "gguf" if options.device.split(":")[0] == "cpu" and options.tensor_parallel == 1 else "fp32"
 
 
 def describe_cpu_engine(weights: str, threads: int, bf16_native: bool) -> str:
@@ -210,13 +220,13 @@ def _torch_core(options, speculation, chunks):
     if options.tensor_parallel > 1:
         from helios.engine.tensor_parallel import TensorParallelCore
 
-        if options.weights != "fp32":
+        if weight_format(options) != "fp32":
             raise ConfigError("weights", "tensor parallelism shards fp32 weights only")
         if options.engine != "torch":
             raise ConfigError("tensor_parallel", "needs --engine torch")
         core = TensorParallelCore(options.tensor_parallel, path, **kwargs)
     else:
-        core = TorchCore(path, weights=options.weights, checkpoint_memory=options.checkpoint_memory_mib << 20,
+        core = TorchCore(path, weights=weight_format(options), checkpoint_memory=options.checkpoint_memory_mib << 20,
                          **kwargs)
     # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"
     return core, path.name.split(".")[0] or path.stem

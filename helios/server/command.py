@@ -65,9 +65,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "sim"), default="torch",
                    help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
     g.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda (default cpu)")
-    g.add_argument("--weights", choices=("fp32", "bf16", "int8"), default="fp32",
-                   help="fp32: the model's exact weights (default); bf16 (CPUs with AMX or AVX512-BF16) and "
-                        "int8: faster linears on the CPU, but different greedy tokens (docs/server.md)")
+    g.add_argument("--weights", choices=("gguf", "fp32", "bf16", "int8"),
+                   help="gguf (default on the CPU): the file's own quantized weights, as llama.cpp serves them; "
+                        "fp32: dequantized to float32, the reference tokens (default on other devices); bf16 "
+                        "(CPUs with AMX or AVX512-BF16) and int8: other faster linears (docs/server.md)")
     g.add_argument("--slots", type=positive_int,
                    help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,
