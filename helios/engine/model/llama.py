@@ -203,7 +203,7 @@ class LlamaModel(nn.Module):
         # (packed) copy of it: +113 MB for SmolLM2 for a ~2x faster projection.
         head = "token_embd.weight" if config.tie_embeddings else "output.weight"
         self.output = linear(weights[head], pack_weights, weight_format,
-                             [quantized.get(head)] if quantized else None)
+                             [quantized.get(head)] if quantized else None, head=True)
         cos, sin = rope_tables(config.head_dim, config.rope_base, config.max_context)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

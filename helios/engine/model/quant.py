@@ -61,7 +61,7 @@ def quant_activations() -> torch.dtype:
 
 
 # Calls with more rows than this run the dense copy (see QuantLinear).
-SMALL_ROWS = 8
+SMALL_ROWS = 4
 
 
 class QuantLinear(nn.Module):
@@ -69,8 +69,8 @@ class QuantLinear(nn.Module):
     stored as one to two packed 4-bit planes; x is float32 and so is y.
 
     The int4 kernel reads a quarter of bfloat16's bytes but multiplies row by row: measured
-    (bench/quant_kernels.py) it wins at the few rows of decoding and loses to oneDNN's bfloat16
-    linear from about 16 rows (prefill, wide decode). With `dense` (a module for the dequantized
+    (bench/quant_kernels.py, SmolLM2's gate/up projections of 30 layers in turn, one thread) it
+    beat oneDNN's bfloat16 linear 1.6x at 1 row, 1.1x at 4, and lost at 8 (0.7x) and 16 (0.6x). With `dense` (a module for the dequantized
     weights, e.g. helios.engine.model.weights.Linear) calls of more than `small_rows` rows run it.
     """
 

@@ -106,17 +106,20 @@ class Linear(nn.Module):
 
 
 def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat,
-           groups: list[AffineGroups | None] | None = None) -> nn.Module:
+           groups: list[AffineGroups | None] | None = None, head: bool = False) -> nn.Module:
     """The linear module of format `fmt` for `weight` [out, in] (`pack`: oneDNN's layout for fp32).
-    With GGUF, `groups` are the file's quantized parts of `weight` (row blocks, in order); the file's
-    weights are used when every part has them and the kernel takes the shape, else float32 (an
-    unquantized file serves its exact weights)."""
+
+    With GGUF, `groups` are the file's quantized parts of `weight` (row blocks, in order); when every
+    part has them and the kernel takes the shape, the file's weights run in QuantLinear, with a
+    dense copy (bfloat16 where the CPU multiplies it natively, else float32) for calls of many rows.
+    The LM head (`head`) runs only that dense copy: the int4 kernel returns bfloat16, and logits
+    rounded to 8 significant bits tie or swap greedy's top tokens; measured it was no faster at one
+    row either (bench/quant_kernels.py). Tensors the file does not quantize stay float32."""
     if fmt is WeightFormat.GGUF:
         if groups and all(g is not None for g in groups) and QuantLinear.fits(*weight.shape):
-            # Many-row calls (prefill) run a dense copy: bfloat16 where the CPU multiplies it.
             dense = Linear(weight, pack, torch.bfloat16 if bf16_available() else torch.float32)
-            return QuantLinear(stack(groups), quant_activations(), dense)
-        fmt = WeightFormat.FLOAT32  # not quantized in the file (or in a format without a kernel)
+            return dense if head else QuantLinear(stack(groups), quant_activations(), dense)
+        fmt = WeightFormat.FLOAT32
     if fmt is WeightFormat.INT8:
         return Int8Linear(weight)
     return Linear(weight, pack, torch.bfloat16 if fmt is WeightFormat.BF16 else torch.float32)
