@@ -82,8 +82,11 @@ async def one(client: openai.AsyncOpenAI, model: str, prompt: str, tokens: int) 
 
 async def run_load(url: str, model: str, prompts: list[list[str]], tokens: int) -> Result:
     """prompts[c] is client c's sequence of requests, sent back to back."""
+    # No keep-alive: a server may close an idle pooled connection just as a request reuses it
+    # (llama-server's HTTP library did, mid-load: "Server disconnected without sending a response").
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
     client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600,
-                                http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64)))
+                                http_client=httpx.AsyncClient(limits=limits))
     res = Result([], [], 0, 0.0)
 
     async def worker(seq: list[str]) -> None:
