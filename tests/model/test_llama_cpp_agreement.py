@@ -15,13 +15,15 @@ from helios.engine.model.quant import int4pack_available
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 REFERENCE = json.loads((ROOT / "data/llama_cpp_reference.json").read_text())
-# Greedy continuations identical to llama.cpp's over all their tokens: measured 4 of 12. The others
-# part at near-ties, which llama.cpp's 8-bit activations and our bfloat16 ones break differently;
-# so at each parting llama.cpp's token must be within NEAR_TIE logits of our top one.
-MIN_IDENTICAL = 3
-NEAR_TIE = 1.0
-# |ppl / llama.cpp's - 1|: measured +0.23% on this text (llama.cpp 23.17, ours 23.22).
-PPL_TOLERANCE = 0.02
+# Greedy continuations identical to llama.cpp's over all their tokens: measured 7 of 12 (float32
+# weights: 6). The others part at near-ties, which llama.cpp's 8-bit activations and our bfloat16
+# ones break differently: at each parting llama.cpp's token was within 0.17 logits of our top one
+# (float32: 0.19), so NEAR_TIE allows 0.5.
+MIN_IDENTICAL = 6
+NEAR_TIE = 0.5
+# |ppl / llama.cpp's - 1|: measured +0.18% on this text (llama.cpp 23.168, ours 23.210; float32
+# weights 23.290, +0.53%).
+PPL_TOLERANCE = 0.01
 
 pytestmark = pytest.mark.skipif(not int4pack_available(), reason="no CPU int4 kernel in this torch")
 

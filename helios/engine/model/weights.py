@@ -112,13 +112,13 @@ def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat,
     With GGUF, `groups` are the file's quantized parts of `weight` (row blocks, in order); when every
     part has them and the kernel takes the shape, the file's weights run in QuantLinear, with a
     dense copy (bfloat16 where the CPU multiplies it natively, else float32) for calls of many rows.
-    The LM head (`head`) runs only that dense copy: the int4 kernel returns bfloat16, and logits
-    rounded to 8 significant bits tie or swap greedy's top tokens; measured it was no faster at one
-    row either (bench/quant_kernels.py). Tensors the file does not quantize stay float32."""
+    The LM head (`head`) runs the file's weights dequantized to float32: the int4 kernel and oneDNN's
+    bfloat16 linear both return bfloat16, and logits rounded to 8 significant bits (steps of 0.125
+    at 25) tie or swap greedy's top tokens. Tensors the file does not quantize stay float32."""
     if fmt is WeightFormat.GGUF:
-        if groups and all(g is not None for g in groups) and QuantLinear.fits(*weight.shape):
+        if not head and groups and all(g is not None for g in groups) and QuantLinear.fits(*weight.shape):
             dense = Linear(weight, pack, torch.bfloat16 if bf16_available() else torch.float32)
-            return dense if head else QuantLinear(stack(groups), quant_activations(), dense)
+            return QuantLinear(stack(groups), quant_activations(), dense)
         fmt = WeightFormat.FLOAT32
     if fmt is WeightFormat.INT8:
         return Int8Linear(weight)
