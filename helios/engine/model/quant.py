@@ -12,12 +12,12 @@ so a 4-bit format maps onto it exactly: q = codes, s = scale, z = offset + 8 sca
 
     w = sum_p (c_p * 16**p scale) + offset,
 
-one int4 matmul per plane with s_p = 16**p scale and z_p = 8 s_p (+ offset on plane 0), summed.
-Every plane is exact, so the module equals dequantize-then-float32-matmul up to float rounding
-(tests/engine/test_quant_linear.py). Activations stay float32 (with `activations=torch.bfloat16`
-they are rounded to bfloat16 first: the kernel's faster path, not the reference numerics).
-bench/quant_kernels.py measured this against oneDNN's float32 and bfloat16 linears, torch's
-per-channel int8 kernel and dequantize-on-the-fly; docs/server.md has the figures.
+one int4 matmul per plane with s_p = 16**p scale and z_p = 8 s_p (+ offset on one plane), summed.
+Every plane is exact: with float32 activations the module equals dequantize-then-float32-matmul up
+to float rounding (tests/model/test_quant_linear.py). That path is slow (unvectorized); the served
+one passes bfloat16 activations, scales and zeros, which the kernel vectorizes, and returns
+bfloat16. bench/quant_kernels.py measured it against oneDNN's float32 and bfloat16 linears,
+torch's per-channel int8 kernel and dequantize-on-the-fly; docs/server.md has the figures.
 """
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def _plane(codes: np.ndarray, scale: np.ndarray, offset: np.ndarray | None) -> t
 
 
 def quant_activations() -> torch.dtype:
-    """Activation dtype for the int4 kernel: bfloat16 (its vectorized path; measured in
-    bench/quant_kernels.py), where the CPU multiplies bfloat16 natively or not."""
+    """Activation dtype of the served int4 kernel: bfloat16, its vectorized path (float32 measured
+    4-60x slower than oneDNN's float32 linear, float16 slower still; bench/quant_kernels.py)."""
     return torch.bfloat16
 
 
@@ -70,8 +70,9 @@ class QuantLinear(nn.Module):
 
     The int4 kernel reads a quarter of bfloat16's bytes but multiplies row by row: measured
     (bench/quant_kernels.py, SmolLM2's gate/up projections of 30 layers in turn, one thread) it
-    beat oneDNN's bfloat16 linear 1.6x at 1 row, 1.1x at 4, and lost at 8 (0.7x) and 16 (0.6x). With `dense` (a module for the dequantized
-    weights, e.g. helios.engine.model.weights.Linear) calls of more than `small_rows` rows run it.
+    beat oneDNN's bfloat16 linear 1.6x at 1 row, 1.1x at 4, and lost at 8 (0.7x) and 16 (0.6x).
+    With `dense` (a module for the dequantized weights, e.g. helios.engine.model.weights.Linear),
+    calls of more than `small_rows` rows run that instead.
     """
 
     def __init__(self, groups: AffineGroups, activations: torch.dtype = torch.float32,
@@ -107,10 +108,10 @@ class QuantLinear(nn.Module):
         if self.dense is not None and x2.shape[0] > self.small_rows:
             return self.dense(x)
         x2 = x2.to(self.activations)
-        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed0, GROUP, self.sz0)
-        for i in range(1, self.planes):
-            y = y + torch._weight_int4pack_mm_for_cpu(x2, getattr(self, f"packed{i}"), GROUP, getattr(self, f"sz{i}"))
-        return y.float().view(*x.shape[:-1], self.out_features)
+        y = torch._weight_int4pack_mm_for_cpu(x2, self.packed0, GROUP, self.sz0).float()
+        for i in range(1, self.planes):  # planes summed in float32
+            y += torch._weight_int4pack_mm_for_cpu(x2, getattr(self, f"packed{i}"), GROUP, getattr(self, f"sz{i}"))
+        return y.view(*x.shape[:-1], self.out_features)
 
 
 def stack(groups: list[AffineGroups]) -> AffineGroups:
