@@ -19,7 +19,8 @@ Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (m
 so the bar can be checked for a server whose warm-up ran on a busy machine.
 
 Run: .venv/bin/python bench/serving.py [--tokens 32] [--rounds 2] [--peer-url http://127.0.0.1:8080/v1]
-     [--repeats 2] [--flare-args "--weights fp32"] [--busy-start]. docs/server.md shows how to build and start llama-server.
+     [--repeats 2] [--flare-args "--weights fp32"] [--busy-start].
+docs/server.md shows how to build and start llama-server.
 """
 
 from __future__ import annotations
@@ -251,7 +252,8 @@ async def main() -> None:
             print(f"{server}: 16 streams / 1 stream aggregate tok/s = {sixteen.tok_s / one_s.tok_s:.2f}x (bar: >= 4x)")
         if args.peer_url:
             for name, by in results.items():
-                print(f"flare/peer [{name}]: " + ", ".join(ratio_cells(by["flare"], by["peer"], name.startswith("mixed"))))
+                cells = ratio_cells(by["flare"], by["peer"], name.startswith("mixed"))
+                print(f"flare/peer [{name}]: " + ", ".join(cells))
     finally:
         if proc is not None:
             proc.terminate()

@@ -4,9 +4,10 @@
 GGUF (`flare run`'s default on the CPU) multiplies the file's own quantized weights
 (helios.engine.model.quant): what llama.cpp serves from the same file, at a quarter to an eighth
 of float32's bytes per token. FLOAT32 (the library's default, `--weights fp32`) keeps the
-dequantized GGUF weights exactly, so its greedy tokens are the reference ones. BF16 and INT8 trade those tokens for speed on the CPU: BF16 rounds weights and
-activations to bfloat16 and accumulates in float32 (oneDNN; fast where the CPU multiplies bfloat16
-natively, AMX or AVX512-BF16), INT8 stores int8 weights and quantizes activations on the fly
+dequantized GGUF weights exactly, so its greedy tokens are the reference ones. BF16 and INT8
+trade those tokens for speed on the CPU: BF16 rounds weights and activations to bfloat16 and
+accumulates in float32 (oneDNN; fast where the CPU multiplies bfloat16 natively, AMX or
+AVX512-BF16), INT8 stores int8 weights and quantizes activations on the fly
 (fbgemm; helios.engine.model.int8).
 """
 
