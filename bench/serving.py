@@ -8,8 +8,9 @@ Loads (every request streams, greedy, ignore_eos so each produces exactly --toke
 
 Reported per load and server: aggregate output tok/s (tokens over the load's wall time), TTFT
 p50/p99 (request sent -> first content chunk), and for the mixed load the short prompts' TTFT
-p99. With --peer-url the loads alternate between the servers (flare, peer, flare, peer, ...) so
-that drifting machine load hits both alike, and the ratios flare/peer are printed.
+p99. With --peer-url each load runs on both servers in turn, peer then flare, --repeats times
+(peer, flare, peer, flare, ...), so that drifting machine load hits both alike; per load it prints
+the ratios flare/peer of each pair and their range.
 
 Bar (issue 15): 16 streams >= 4x the aggregate tok/s of 1 stream.
 Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (mixed) <= 0.5x its.
@@ -18,7 +19,8 @@ Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (m
 so the bar can be checked for a server whose warm-up ran on a busy machine.
 
 Run: .venv/bin/python bench/serving.py [--tokens 32] [--rounds 2] [--peer-url http://127.0.0.1:8080/v1]
-     [--flare-args "--weights int8"] [--busy-start]. docs/server.md shows how to build and start llama-server.
+     [--repeats 2] [--flare-args "--weights fp32"] [--busy-start].
+docs/server.md shows how to build and start llama-server.
 """
 
 from __future__ import annotations
@@ -81,8 +83,11 @@ async def one(client: openai.AsyncOpenAI, model: str, prompt: str, tokens: int) 
 
 async def run_load(url: str, model: str, prompts: list[list[str]], tokens: int) -> Result:
     """prompts[c] is client c's sequence of requests, sent back to back."""
+    # No keep-alive: a server may close an idle pooled connection just as a request reuses it
+    # (llama-server's HTTP library did, mid-load: "Server disconnected without sending a response").
+    limits = httpx.Limits(max_connections=64, max_keepalive_connections=0)
     client = openai.AsyncOpenAI(base_url=url, api_key="unused", max_retries=0, timeout=600,
-                                http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64)))
+                                http_client=httpx.AsyncClient(limits=limits))
     res = Result([], [], 0, 0.0)
 
     async def worker(seq: list[str]) -> None:
@@ -171,6 +176,25 @@ def row(name: str, r: Result, mixed: bool) -> str:
             f"{extra}  ({r.tokens} tokens in {r.wall:.1f} s)")
 
 
+def spread(values: list[float]) -> str:
+    """Median and range of per-pair ratios: '0.93x (0.90-0.97x)'."""
+    values = sorted(values)
+    mid = values[len(values) // 2] if len(values) % 2 else (values[len(values) // 2 - 1] + values[len(values) // 2]) / 2
+    return f"{mid:.2f}x" + (f" ({values[0]:.2f}-{values[-1]:.2f}x)" if len(values) > 1 else "")
+
+
+def ratio_cells(flare: list[Result], peer: list[Result], mixed: bool) -> list[str]:
+    """flare/peer ratios of pair i (the i-th run on each server), summarized over the pairs."""
+    pairs = list(zip(flare, peer))
+    cells = [f"tok/s {spread([f.tok_s / p.tok_s for f, p in pairs])}",
+             f"TTFT p50 {spread([pct(f.ttft, 50) / pct(p.ttft, 50) for f, p in pairs])}",
+             f"TTFT p99 {spread([pct(f.ttft, 99) / pct(p.ttft, 99) for f, p in pairs])}"]
+    if mixed:
+        cells.append(f"short TTFT p99 {spread([pct(f.short_ttft, 99) / pct(p.short_ttft, 99) for f, p in pairs])}"
+                     " (goal <= 0.5x)")
+    return cells
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tokens", type=int, default=32, help="output tokens per request")
@@ -182,12 +206,17 @@ async def main() -> None:
                     help="keep every core busy with a CPU burner while flare starts and warms up; the "
                          "burners stop before anything is measured")
     ap.add_argument("--peer-url", help="an OpenAI-compatible base URL (…/v1) to run the identical load against")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="with --peer-url: run each load this many times on each server, alternating "
+                         "peer, flare, peer, flare, ... (ratios are printed per pair, with their range)")
     ap.add_argument("--loads", default="1,4,16,mixed",
                     help="which loads to run, comma-separated from 1, 4, 16, mixed (e.g. '1,16' to repeat the bar's ratio)")
     args = ap.parse_args()
     picked = set(args.loads.split(","))
     if not picked or not picked <= {"1", "4", "16", "mixed"}:
         ap.error(f"--loads: pick from 1, 4, 16, mixed; got {args.loads!r}")
+    if args.repeats < 1:
+        ap.error("--repeats must be positive")
 
     proc = None
     url = args.flare_url
@@ -205,27 +234,26 @@ async def main() -> None:
         if args.peer_url:
             servers["peer"] = (args.peer_url, await model_id(args.peer_url))
         print(f"load average at start: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})", flush=True)
-        results: dict[str, dict[str, Result]] = {}
+        results: dict[str, dict[str, list[Result]]] = {}
         chosen = {name: p for name, p in loads(args.rounds).items() if name.split()[0] in picked}
+        order = ["peer", "flare"] * args.repeats if args.peer_url else ["flare"]
         for name, prompts in chosen.items():
-            results[name] = {}
-            for server, (u, model) in servers.items():  # alternate servers load by load
+            results[name] = {server: [] for server in servers}
+            for server in order:  # alternate servers load by load
+                u, model = servers[server]
                 before = await graph_walls(u) if server == "flare" else None
-                results[name][server] = await run_load(u, model, prompts, args.tokens)
-                print(f"[{name}] {row(server, results[name][server], name.startswith('mixed'))}", flush=True)
+                results[name][server].append(await run_load(u, model, prompts, args.tokens))
+                print(f"[{name}] {row(server, results[name][server][-1], name.startswith('mixed'))}", flush=True)
                 if before is not None:
                     print(f"    graphs: {graph_mix(before, await graph_walls(u) or {})}", flush=True)
         print(f"load average at end: {os.getloadavg()[0]:.2f}\n")
         for server in servers if {"1 stream", "16 streams"} <= set(results) else ():
-            one_s, sixteen = results["1 stream"][server], results["16 streams"][server]
+            one_s, sixteen = results["1 stream"][server][0], results["16 streams"][server][0]
             print(f"{server}: 16 streams / 1 stream aggregate tok/s = {sixteen.tok_s / one_s.tok_s:.2f}x (bar: >= 4x)")
         if args.peer_url:
             for name, by in results.items():
-                f, p = by["flare"], by["peer"]
-                line = f"flare/peer [{name}]: tok/s {f.tok_s / p.tok_s:.2f}x, TTFT p99 {pct(f.ttft, 99) / pct(p.ttft, 99):.2f}x"
-                if name.startswith("mixed"):
-                    line += f", short TTFT p99 {pct(f.short_ttft, 99) / pct(p.short_ttft, 99):.2f}x (goal <= 0.5x)"
-                print(line)
+                cells = ratio_cells(by["flare"], by["peer"], name.startswith("mixed"))
+                print(f"flare/peer [{name}]: " + ", ".join(cells))
     finally:
         if proc is not None:
             proc.terminate()

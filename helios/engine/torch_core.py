@@ -28,6 +28,7 @@ from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OP
 from helios.engine.grammar import GRAMMAR_OPTION, Constraint, grammar_tokenizer, row_errors
 from helios.engine.model import (KVCache, LlamaModel, ModelConfig, Tokenizer, WeightFormat, load_tokenizer,
                                  load_weights)
+from helios.engine.model.loader import load_quantized
 from helios.engine.model.weights import bf16_available
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_outputs import aligned_logprobs, prompt_scores, sample_outputs, verify_outputs
@@ -66,8 +67,9 @@ class LoadedModel:
 
 def load_model(model_path=None, device: str | torch.device = "cpu",
                weights: WeightFormat | str = WeightFormat.FLOAT32) -> LoadedModel:
-    """Load a Llama-family GGUF (default: the bundled SmolLM2) onto `device` in float32 (or with
-    bf16 or int8 linear weights on the CPU: faster, different tokens; helios.engine.model.weights)."""
+    """Load a Llama-family GGUF (default: the bundled SmolLM2) onto `device` in float32 (or on the
+    CPU with the file's own quantized weights, `gguf`, or bf16 or int8 linear weights: faster,
+    different tokens; helios.engine.model.weights)."""
     device = torch.device(device)
     fmt = WeightFormat(weights)
     if fmt is not WeightFormat.FLOAT32 and device.type != "cpu":
@@ -76,8 +78,11 @@ def load_model(model_path=None, device: str | torch.device = "cpu",
         raise ConfigError("weights", "bf16 weights need a CPU that multiplies bfloat16 natively "
                                      "(AMX or AVX512-BF16); use fp32 or int8 here")
     config, weights = load_weights(model_path)
+    quantized = load_quantized(model_path) if fmt is WeightFormat.GGUF else None
     # oneDNN-packed weights are a CPU layout; CUDA uses plain ones.
-    model = LlamaModel(config, weights, pack_weights=device.type == "cpu", weight_format=fmt).to(device).eval()
+    model = LlamaModel(config, weights, pack_weights=device.type == "cpu", weight_format=fmt,
+                       quantized=quantized).to(device).eval()
+    del quantized
     del weights
     return LoadedModel(config, model, load_tokenizer(model_path), device)
 

@@ -48,7 +48,9 @@ class EngineOptions:
     device: str = "cpu"
     sim_pace: float = 1.0  # sim engine: real seconds slept per simulated second
     warmup: bool = True  # torch engine: time every prepared graph before serving
-    weights: str = "fp32"  # torch engine: fp32 (reference tokens), bf16 or int8 (faster, other tokens)
+    # torch engine: gguf (the file's quantized weights), fp32 (reference tokens), bf16 or int8 (faster,
+    # other tokens); None: gguf on one CPU rank, fp32 elsewhere (weight_format)
+    weights: str | None = "fp32"
     tensor_parallel: int = 1  # torch engine: ranks (helios.engine.tensor_parallel)
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
     mixed_prompt_steps: int = PROMPT_STEPS  # their prompt buckets per factor of four (helios.prepare.mixed)
@@ -92,6 +94,21 @@ class Backend:
     def describe_engine(self) -> str | None:
         """The CPU engine's startup line (None for other engines and devices)."""
         return describe_engine(self.core, self.options)
+
+
+def weight_format(options) -> str:
+    """`--weights`, or its default (`default_weights`)."""
+    if options.weights is not None:
+        return options.weights
+    return default_weights(options.device, options.tensor_parallel, options.model)
+
+
+def default_weights(device: str, tensor_parallel: int, model: str | None) -> str:
+    """The file's own quantized weights for a GGUF on one CPU rank; fp32 elsewhere (tensor
+    parallelism shards fp32 weights, other devices have no kernel for them, and a Hugging Face
+    directory holds no GGUF blocks)."""
+    gguf = model is None or not pathlib.Path(model).is_dir()
+    return "gguf" if gguf and device.split(":")[0] == "cpu" and tensor_parallel == 1 else "fp32"
 
 
 def describe_cpu_engine(weights: str, threads: int, bf16_native: bool) -> str:
@@ -189,7 +206,7 @@ def describe_engine(core, options) -> str | None:
         return None
     from helios.engine.model.weights import bf16_available
 
-    return describe_cpu_engine(options.weights, torch_thread.most, bf16_available())
+    return describe_cpu_engine(weight_format(options), torch_thread.most, bf16_available())
 
 
 def _with_preemption(options, config):
@@ -236,7 +253,7 @@ def _torch_core(options, speculation, chunks, log=None):
     if not (path.is_file() or path.is_dir()):  # a GGUF file or a Hugging Face directory
         raise ConfigError("model", f"no such model file: {path}")
     if log is not None:
-        log.step(f"loading {path.name} ({options.weights} weights, {options.slots} slots x "
+        log.step(f"loading {path.name} ({weight_format(options)} weights, {options.slots} slots x "
                  f"{options.max_context} tokens) and preparing its graphs")
     kwargs = dict(request_slots=options.slots, max_context=options.max_context, prefill_chunks=chunks,
                   max_batch=options.slots, speculation=speculation,
@@ -246,13 +263,13 @@ def _torch_core(options, speculation, chunks, log=None):
     if options.tensor_parallel > 1:
         from helios.engine.tensor_parallel import TensorParallelCore
 
-        if options.weights != "fp32":
+        if weight_format(options) != "fp32":
             raise ConfigError("weights", "tensor parallelism shards fp32 weights only")
         if options.engine != "torch":
             raise ConfigError("tensor_parallel", "needs --engine torch")
         core = TensorParallelCore(options.tensor_parallel, path, **kwargs)
     else:
-        core = TorchCore(path, weights=options.weights, checkpoint_memory=options.checkpoint_memory_mib << 20,
+        core = TorchCore(path, weights=weight_format(options), checkpoint_memory=options.checkpoint_memory_mib << 20,
                          **kwargs)
     # "SmolLM2-135M-Instruct.Q4_1.gguf" -> "SmolLM2-135M-Instruct"; a directory keeps its name.
     return core, path.name if path.is_dir() else path.name.split(".")[0] or path.stem

@@ -82,9 +82,10 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--engine", choices=("torch", "sim"), default="torch",
                    help="torch: the real model; sim: SimCore with a byte tokenizer, for testing the HTTP layer")
     o.add_argument("--device", default="cpu", help="torch device, e.g. cpu or cuda")
-    o.add_argument("--weights", choices=("fp32", "bf16", "int8"), default="fp32",
-                   help="fp32: the model's exact weights (default); bf16 (CPUs with AMX or AVX512-BF16) and "
-                        "int8: faster linears on the CPU, but different greedy tokens (docs/server.md)")
+    o.add_argument("--weights", choices=("gguf", "fp32", "bf16", "int8"),
+                   help="gguf (default for a GGUF file on the CPU): the file's own quantized weights, as llama.cpp "
+                        "serves them; fp32: dequantized to float32, the reference tokens (default elsewhere); bf16 "
+                        "(CPUs with AMX or AVX512-BF16) and int8: other faster linears (docs/server.md)")
     o.add_argument("--slots", type=positive_int,
                    help="request slots, at most 64 (default: as many as fit 40%% of memory, see docs/server.md)")
     g.add_argument("--prefill-capacity", type=positive_int, default=256,
@@ -173,7 +174,7 @@ _INTERNALS = "scheduler internals (study switches; the defaults are the spec's)"
 
 def run(args: argparse.Namespace) -> int:
     """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
-    from helios.server.backend import EngineOptions, build_backend
+    from helios.server.backend import EngineOptions, build_backend, default_weights
     from helios.server.openmp import choose_wait_policy
     from helios.server.preflight import preflight
     from helios.server.chat_template import TemplatedTokenizer, load_chat_template
@@ -185,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         # The model file's header (architecture, memory) and the flag combinations are checked
         # before torch or the weights load: a refusal comes within about a second.
-        capacity = resolve(args.engine, args.model, args.slots, args.max_context, args.weights)
+        weights = args.weights or default_weights(args.device, args.tensor_parallel, args.model)
+        capacity = resolve(args.engine, args.model, args.slots, args.max_context, weights)
         options = EngineOptions(
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
@@ -197,7 +199,7 @@ def run(args: argparse.Namespace) -> int:
             slots=capacity.slots if capacity else args.slots or SIM_SLOTS,
             prefill_capacity=args.prefill_capacity,
             max_context=capacity.max_context if capacity else args.max_context or SIM_CONTEXT,
-            device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=args.weights,
+            device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=weights,
             tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
             mixed_prompt_steps=args.mixed_prompt_steps, mixed_prompt_capacity=args.mixed_prompt_capacity,
             scored_prefill=args.scored_prefill,

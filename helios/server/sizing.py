@@ -64,8 +64,10 @@ def weight_bytes(c) -> int:
 
 
 # Bytes per linear-weight element as each --weights format holds it (int8: per-channel scales are
-# negligible); the token embedding stays float32 in every format.
-FORMAT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1}
+# negligible); the token embedding stays float32 in every format. gguf counts as float32: its load
+# decodes every block to float32 before packing int4 planes and a bfloat16 copy (about 2.6 bytes an
+# element while serving, but the float32 peak is what must fit).
+FORMAT_BYTES = {"fp32": 4, "bf16": 2, "int8": 1, "gguf": 4}
 
 
 def serving_weight_bytes(shape, weights: str = "fp32") -> int:

@@ -84,3 +84,16 @@ def test_bad_path_and_architecture(tmp_path):
         load_weights(tmp_path / "nope.gguf")
     with pytest.raises(ValueError, match="architecture"):
         loader.config_from_metadata({"general.architecture": "gpt2"}, set())
+
+
+def test_quantized_groups_are_the_dense_weights_in_the_same_row_order(loaded):
+    """load_quantized keeps the file's Q4_1/Q8_0 blocks, with Q/K rows moved as load_weights moves
+    them (Hugging Face rotate-half order): dequantized, they are load_weights' tensors."""
+    _, weights = loaded
+    quantized = loader.load_quantized()
+    assert {g.bits for g in quantized.values()} == {4, 8}
+    assert "blk.0.attn_norm.weight" not in quantized  # F32 tensors are not quantized
+    for name in ("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight",
+                 "blk.29.ffn_down.weight", "token_embd.weight"):
+        torch.testing.assert_close(torch.from_numpy(quantized[name].dequantize()), weights[name],
+                                   rtol=1e-6, atol=1e-7)

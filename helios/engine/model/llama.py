@@ -129,22 +129,26 @@ class Block(nn.Module):
     """One transformer layer: pre-norm GQA attention + pre-norm SwiGLU MLP."""
 
     def __init__(self, config: ModelConfig, w: dict[str, torch.Tensor], i: int, pack: bool,
-                 fmt: WeightFormat = WeightFormat.FLOAT32):
+                 fmt: WeightFormat = WeightFormat.FLOAT32, quantized: dict | None = None):
         super().__init__()
         p = f"blk.{i}."
         self.config = config
+
+        def fused(*names: str) -> nn.Module:
+            # Projections that share an input run as one matmul: [sum of outs, dim] is faster.
+            weight = torch.cat([w[p + n] for n in names]) if len(names) > 1 else w[p + names[0]]
+            groups = [quantized.get(p + n) for n in names] if quantized else None
+            return linear(weight, pack, fmt, groups)
+
         self.attn_norm = frozen(w[p + "attn_norm.weight"])
-        # Q, K and V share one input: one [(H + 2K) * D, dim] matmul is faster.
-        self.wqkv = linear(torch.cat([w[p + "attn_q.weight"], w[p + "attn_k.weight"],
-                                      w[p + "attn_v.weight"]]), pack, fmt)
+        self.wqkv = fused("attn_q.weight", "attn_k.weight", "attn_v.weight")
+        self.wo = fused("attn_output.weight")
         # Qwen2's q/k/v biases (Llama has none), added after the fused projection.
         bias = [w.get(p + f"attn_{x}.bias") for x in "qkv"]
         self.bqkv = frozen(torch.cat(bias)) if bias[0] is not None else None
-        self.wo = linear(w[p + "attn_output.weight"], pack, fmt)
         self.ffn_norm = frozen(w[p + "ffn_norm.weight"])
-        # Gate and up projections fused the same way: [2 * hidden, dim].
-        self.w13 = linear(torch.cat([w[p + "ffn_gate.weight"], w[p + "ffn_up.weight"]]), pack, fmt)
-        self.w2 = linear(w[p + "ffn_down.weight"], pack, fmt)
+        self.w13 = fused("ffn_gate.weight", "ffn_up.weight")  # gate and up: [2 * hidden, dim]
+        self.w2 = fused("ffn_down.weight")
         # Tensor parallelism (helios.engine.tensor_parallel) sets these to an all-reduce of the
         # partial sums a rank's shard of wo / w2 produces; None on one rank (no reduction).
         self.attn_reduce = None
@@ -186,22 +190,25 @@ class Block(nn.Module):
 
 class LlamaModel(nn.Module):
     """Llama-family decoder built from :func:`load_weights` output (fp32; ``weight_format``
-    INT8 stores the linear weights as int8, see helios.engine.model.int8)."""
+    picks how linears are stored, helios.engine.model.weights; GGUF multiplies ``quantized``, the
+    file's own weights from :func:`helios.engine.model.loader.load_quantized`)."""
 
     def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor],
-                 pack_weights: bool = True, weight_format: WeightFormat = WeightFormat.FLOAT32):
+                 pack_weights: bool = True, weight_format: WeightFormat = WeightFormat.FLOAT32,
+                 quantized: dict | None = None):
         super().__init__()
         if config.n_heads % config.n_kv_heads:
             raise ValueError("n_heads must be a multiple of n_kv_heads")
         self.config = config
         self.tok_embeddings = frozen(weights["token_embd.weight"])
-        self.layers = nn.ModuleList(Block(config, weights, i, pack_weights, weight_format)
+        self.layers = nn.ModuleList(Block(config, weights, i, pack_weights, weight_format, quantized)
                                     for i in range(config.n_layers))
         self.norm = frozen(weights["output_norm.weight"])
         # Tied models project with the embedding matrix. Packing keeps a second
         # (packed) copy of it: +113 MB for SmolLM2 for a ~2x faster projection.
-        self.output = linear(weights["token_embd.weight" if config.tie_embeddings
-                                     else "output.weight"], pack_weights, weight_format)
+        head = "token_embd.weight" if config.tie_embeddings else "output.weight"
+        self.output = linear(weights[head], pack_weights, weight_format,
+                             [quantized.get(head)] if quantized else None, head=True)
         cos, sin = rope_tables(config.head_dim, config.rope_base, config.max_context)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)

@@ -135,6 +135,13 @@ def unpermute_rope(w: torch.Tensor, n_heads: int) -> torch.Tensor:
     )
 
 
+def rope_rows(out_features: int, n_heads: int) -> np.ndarray:
+    """Row order that :func:`unpermute_rope` applies: row i of the result is row rows[i] of the
+    GGUF tensor (for tensors kept in another form than float32 rows, e.g. quantized groups)."""
+    index = torch.arange(out_features, dtype=torch.float64)[:, None]
+    return unpermute_rope(index, n_heads)[:, 0].long().numpy()
+
+
 def _to_torch(tensor) -> torch.Tensor:
     from gguf import quants
 
@@ -169,3 +176,28 @@ def load_weights(path=None) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
             w = unpermute_rope(w, config.n_kv_heads)
         weights[tensor.name] = w
     return config, weights
+
+
+def load_quantized(path=None) -> dict:
+    """The quantized linear weights of a Llama GGUF as they are in the file, keyed by GGUF name:
+    ``helios.engine.model.ggml_blocks.AffineGroups`` (``[out, in]``, Q/K rows in Hugging Face
+    order as :func:`load_weights` returns them) for every 2-D tensor in a format listed in
+    ``ggml_blocks.FORMATS``. Tensors in other formats (F32, F16, Q6_K, ...) are left out."""
+    from helios.engine.model import ggml_blocks
+
+    reader = open_gguf(path)
+    meta = read_metadata(reader)
+    config = config_from_metadata(meta, {t.name for t in reader.tensors})
+    out = {}
+    for tensor in reader.tensors:
+        name = tensor.tensor_type.name
+        if name not in ggml_blocks.FORMATS or len(tensor.shape) != 2:
+            continue
+        cols, rows = (int(d) for d in tensor.shape)  # GGUF lists dims innermost-first
+        groups = ggml_blocks.decode(name, tensor.data, rows, cols)
+        heads = {"attn_q.weight": config.n_heads, "attn_k.weight": config.n_kv_heads}
+        for suffix, n in heads.items():
+            if tensor.name.endswith(suffix):
+                groups = groups.take_rows(rope_rows(rows, n))
+        out[tensor.name] = groups
+    return out

@@ -1,10 +1,13 @@
 """How the model's linear weights are stored and multiplied: the format a server picks with
 `--weights`, and one module per format.
 
-FLOAT32 (the default) keeps the dequantized GGUF weights exactly, so its greedy tokens are the
-reference ones. BF16 and INT8 trade those tokens for speed on the CPU: BF16 rounds weights and
-activations to bfloat16 and accumulates in float32 (oneDNN; fast where the CPU multiplies bfloat16
-natively, AMX or AVX512-BF16), INT8 stores int8 weights and quantizes activations on the fly
+GGUF (`flare run`'s default on the CPU) multiplies the file's own quantized weights
+(helios.engine.model.quant): what llama.cpp serves from the same file, at a quarter to an eighth
+of float32's bytes per token. FLOAT32 (the library's default, `--weights fp32`) keeps the
+dequantized GGUF weights exactly, so its greedy tokens are the reference ones. BF16 and INT8
+trade those tokens for speed on the CPU: BF16 rounds weights and activations to bfloat16 and
+accumulates in float32 (oneDNN; fast where the CPU multiplies bfloat16 natively, AMX or
+AVX512-BF16), INT8 stores int8 weights and quantizes activations on the fly
 (fbgemm; helios.engine.model.int8).
 """
 
@@ -17,12 +20,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from helios.engine.model.ggml_blocks import AffineGroups
 from helios.engine.model.int8 import Int8Linear
+from helios.engine.model.quant import QuantLinear, quant_activations, stack
 
 
 class WeightFormat(enum.Enum):
     """How the model's linear weights are stored and multiplied on the CPU."""
 
+    GGUF = "gguf"  # the file's quantized weights as they are (grouped int4 kernel); other tensors as FLOAT32
     FLOAT32 = "fp32"  # the dequantized GGUF weights exactly (oneDNN-packed): the reference tokens
     BF16 = "bf16"  # bfloat16 weights and activations, float32 accumulation (oneDNN): faster, other tokens
     INT8 = "int8"  # per-channel int8 weights, dynamic int8 activations (fbgemm): faster, other tokens
@@ -100,8 +106,21 @@ class Linear(nn.Module):
         return torch.ops.mkldnn._linear_pointwise(x.to(self.dtype), self.weight, None, "none", [], "").float()
 
 
-def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat) -> nn.Module:
-    """The linear module of format `fmt` for `weight` [out, in] (`pack`: oneDNN's layout for fp32)."""
+def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat,
+           groups: list[AffineGroups | None] | None = None, head: bool = False) -> nn.Module:
+    """The linear module of format `fmt` for `weight` [out, in] (`pack`: oneDNN's layout for fp32).
+
+    With GGUF, `groups` are the file's quantized parts of `weight` (row blocks, in order); when every
+    part has them and the kernel takes the shape, the file's weights run in QuantLinear, with a
+    dense copy (bfloat16 where the CPU multiplies it natively, else float32) for calls of many rows.
+    The LM head (`head`) runs the file's weights dequantized to float32: the int4 kernel and oneDNN's
+    bfloat16 linear both return bfloat16, and logits rounded to 8 significant bits (steps of 0.125
+    at 25) tie or swap greedy's top tokens. Tensors the file does not quantize stay float32."""
+    if fmt is WeightFormat.GGUF:
+        if not head and groups and all(g is not None for g in groups) and QuantLinear.fits(*weight.shape):
+            dense = Linear(weight, pack, torch.bfloat16 if bf16_available() else torch.float32)
+            return QuantLinear(stack(groups), quant_activations(), dense)
+        fmt = WeightFormat.FLOAT32
     if fmt is WeightFormat.INT8:
         return Int8Linear(weight)
     return Linear(weight, pack, torch.bfloat16 if fmt is WeightFormat.BF16 else torch.float32)
