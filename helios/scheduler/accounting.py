@@ -56,7 +56,7 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
         tokens, produced = tokens[rows], produced[rows]
     log_x = t.log_x[rows]
     t.log_x[rows] = ewma_log(log_x, delta_ms, tokens, tau_ms)
-    if t.mean_law_rows:  # prompts on the mean-rate law (PolicyConfig.prompt_rate_law)
+    if t.mean_law_rows:  # prompts on the mean-rate law (StudyConfig.prompt_rate_law)
         window = t.rate_window_ms[rows]
         m = (window == window).nonzero()[0]
         if len(m):

@@ -71,7 +71,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
         # On the laws that count only what the user received, a chunk is no service (OUTPUT_EWMA;
         # on FIRST_OUTPUT the mean law below replaces the prompt rows' EWMA anyway).
-        law = sched.policy.prompt_rate_law
+        law = sched.study.prompt_rate_law
         credited = lanes.prompt_tokens if law.credits_prompt else 0
         served = (frame.normalizers.normalized_service(credited, counts) if prompt
                   else 1.0 if checked.single else counts)

@@ -7,7 +7,7 @@ from collections import deque
 
 import numpy as np
 
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, StudyConfig
 from helios.errors import InvalidRequest, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 import helios.scheduler.execution as execution
@@ -49,9 +49,11 @@ class Scheduler:
     plans_state_operations = True
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
-                 config: SchedulerConfig | None = None, costs: CostTable | None = None):
+                 config: SchedulerConfig | None = None, costs: CostTable | None = None,
+                 study: StudyConfig | None = None):
         self.catalog = catalog
-        self.policy = policy or PolicyConfig()
+        self.policy = policy or PolicyConfig()  # the operator's coefficients
+        self.study = study or StudyConfig()  # the switches beyond the spec's table
         self.config = config or SchedulerConfig()
         self.costs = costs or CostTable(self.policy.estimate_ttl_ns)
         self.coeff = PriceCoefficients.of(self.policy)
@@ -85,7 +87,7 @@ class Scheduler:
         if self.shapes.max_verification_width - 1 > self.config.draft_capacity or any(
                 sh.proposal_depth > self.config.draft_capacity for sh in self.shapes.speculative + self.shapes.mixed):
             raise InvalidRequest("a speculative or mixed program's depth exceeds draft_capacity")
-        self.speculation = SpeculationModel(self.config.draft_capacity, self.config.acceptance_estimate)
+        self.speculation = SpeculationModel(self.config.draft_capacity, self.study.acceptance_estimate)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
         self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
                                      self.config.checkpoint_extra_work_fraction)
@@ -117,7 +119,7 @@ class Scheduler:
         handle = self._next_handle
         self._next_handle += 1
         # With the mean-rate law, the starting rate counts as one adaptation time of history.
-        window = self.policy.adaptation_ms if self.policy.prompt_rate_law.mean_law else None
+        window = self.policy.adaptation_ms if self.study.prompt_rate_law.mean_law else None
         self.requests.add(handle, request, self._starting_log_rate(), window)
         self.state.admitted(handle, request)
         self.anchors.admitted(handle, request, self.costs.estimate_ns)
@@ -137,7 +139,7 @@ class Scheduler:
         rates = self.requests.log_x[self.requests.live_rows()]
         if len(rates):
             return float(np.logaddexp.reduce(rates) - math.log(len(rates)))
-        if self.policy.phase_normalized:
+        if self.study.phase_normalized:
             # With no live request: the rate of a stream alone on the machine, one output token
             # per fastest measured delivery graph (1 token/ms before anything is measured).
             return self._normalizers().log_decode

@@ -106,7 +106,7 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
             pos_seen, (t_ms, state) = pos, costs(shape)
             growth = 0.0 if t_ms is None or decode.stall_total <= 0.0 else stall_growth(t_ms, decode.tau_ms)
         if c is not None and _beyond_bound(prompts, t_ms, m == n):
-            continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
+            continue  # the off-by-default duration bound (StudyConfig.stall_bound_ms)
         wd = (shape.token_capacity, shape.proposal_depth)
         cohort = cohorts.get((*wd, m))
         if cohort is None:

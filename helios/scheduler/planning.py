@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios.config import PolicyConfig, PromptRateLaw
+from helios.config import PolicyConfig, PromptRateLaw, StudyConfig
 from helios.graphs import GraphKind
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import Deferred, LanePool
@@ -91,7 +91,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
     return log_x, log_z, has_delivery, delivery_ns
 
 
-def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig,
+def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig, study: StudyConfig,
                coeff: PriceCoefficients, decode: DecodeReference, norm: Normalizers,
                resources: ResourcePool, start_ns: int, max_context: int, max_lanes: int,
                speculation=None, scale_floor: float = -math.inf, defer_prompts: bool = True) -> PlanningView:
@@ -102,7 +102,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     so they share the decision's scale. `defer_prompts`: price prefill graphs with the deferred step
     (only when a mixed graph could carry the decoders along; docs/scheduling-utility.md section 4)."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(
-        t, rows, queue, policy.adaptation_ms, policy.prompt_rate_law)
+        t, rows, queue, policy.adaptation_ms, study.prompt_rate_law)
     phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
     queued_prompt = t.queued_prompt[rows]
     cursor = t.prompt_done[rows] + queued_prompt
@@ -117,7 +117,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
         pre = _admissible(t, rows, pre, resources)
     # Prompt prices are elementwise: computed only when some prompt can be served.
-    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, with_prompt=len(pre) > 0)
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, study.gradient_prompt_price, with_prompt=len(pre) > 0)
     truncated = len(dec) > max_lanes
     if truncated:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
@@ -159,7 +159,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     pool = LanePool(handles if whole else handles[dec], t.last_served_seq[drows], t.slot[drows], base,
                     age_slope=c_sigma)
     stall_total = 0.0
-    if policy.stall_pricing and len(act):
+    if study.stall_pricing and len(act):
         # What a stall of T does to a decoder's own prices: its fairness and delivery prices
         # grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's price follows.
         # Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
@@ -172,10 +172,10 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
             where = np.full(t.capacity, -1, dtype=np.int64)
             where[rows[act]] = np.arange(len(act))
             pool.stall = growing[where[drows]]
-        if policy.served_stall_pricing:
+        if study.served_stall_pricing:
             pool.steps = decode.steps
     pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms
-    if policy.deferred_step_pricing and len(base):
+    if study.deferred_step_pricing and len(base):
         pool.deferred = Deferred(float(np.add.reduce(base)), len(base), c_sigma, decode.steps)
     if speculation is not None:
         _add_speculation(pool, t, drows, output_value, speculation, policy, max_context)
@@ -198,9 +198,9 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         prompts.stall_total, prompts.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
         if defer_prompts:
             prompts.deferred = pool.deferred
-        if policy.stall_bound_ms is not None:
+        if study.stall_bound_ms is not None:
             prompts.stall_step_ms = decode.steps[1] or 0.0  # the fastest delivery-bearing graph
-            prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns,
+            prompts.stall_bound_ms = _stall_headroom(study.stall_bound_ms, t, rows[act], start_ns,
                                                      prompts.stall_step_ms)
         prefill[kind] = (prompts, prow)
     return PlanningView(scale, c * s * n_active, pool, drows, prefill, *((cursor, produced) if whole else ()))
@@ -237,7 +237,7 @@ def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_va
 
 def _stall_headroom(bound_ms: float, t: RequestTable, active_rows: np.ndarray, start_ns: int,
                     step_ms: float) -> float | None:
-    """The off-by-default duration bound (`PolicyConfig.stall_bound_ms`, outside the spec): how
+    """The off-by-default duration bound (`StudyConfig.stall_bound_ms`, outside the spec): how
     long a prefill may run so that the oldest decoder's age + T + one decode step (`step_ms`, the
     fastest) stays within the bound. None when no decoder is active (nothing to stall)."""
     known = active_rows[t.has_publication[active_rows]]

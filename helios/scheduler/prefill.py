@@ -82,7 +82,7 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
             same.add(pos)
             t_ms, state = costs(shape)
             if pool.stall_bound_ms is not None and t_ms is not None and t_ms > pool.stall_bound_ms:
-                continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
+                continue  # the off-by-default duration bound (StudyConfig.stall_bound_ms)
             if state is CostState.UNKNOWN and _smaller_reaches_endpoint(shape, shapes, packed,
                                                                           pool.to_endpoint[members]):
                 continue

@@ -44,15 +44,15 @@ def derived(sched) -> tuple:
         delivery = sched.shapes.delivery
         decode = [(s.batch_capacity, t / 1e6) for s, t in zip(delivery, estimates(delivery)) if t is not None]
         norm = PHYSICAL
-        if sched.policy.phase_normalized:
+        if sched.study.phase_normalized:
             prompts = sched.shapes.prefill + sched.shapes.scored_prefill
             prefill = [(s.token_capacity, t / 1e6) for s, t in zip(prompts, estimates(prompts)) if t is not None]
             norm = reference_normalizers(prefill, decode)
         coeff = sched.coeff
-        if sched.policy.fairness_time_scale:
+        if sched.study.fairness_time_scale:
             # The decode reference alone: what `norm` already holds when phase-normalized (the same
             # maximum over the same list), so it is not computed twice.
-            log_decode = norm.log_decode if sched.policy.phase_normalized else reference_normalizers((), decode).log_decode
+            log_decode = norm.log_decode if sched.study.phase_normalized else reference_normalizers((), decode).log_decode
             coeff = coeff.time_scaled(log_decode)
         sched._derived_cache, sched._derived_version = (DecodeReference(decode), norm, coeff), version
     return sched._derived_cache
@@ -90,7 +90,7 @@ def current_view(sched) -> PlanningView | None:
         floor = max(floor, window_log_scale(sched.vision, sched.requests, coeff))
     if sched.anchors.requests:
         floor = max(floor, sched.anchors.log_scale(sched.requests, coeff))
-    view = build_view(sched.requests, live, sched.queue, sched.policy, coeff, decode, norm,
+    view = build_view(sched.requests, live, sched.queue, sched.policy, sched.study, coeff, decode, norm,
                       sched.resources, sched.queue.expected_end_ns(sched.now_ns), sched.config.max_context,
                       sched.config.selection_slots,
                       (sched.speculation, sched.source) if sched.shapes.rounds else None, floor,

@@ -72,7 +72,7 @@ def mean_rate_log(log_rate, window_ms, delta_ms: float, served):
     """log of  (r * w + served) / (w + d),  on arrays: a mean rate over a window of w ms, extended
     by an interval of d ms in which `served` units were received.
 
-    The law before a request has history (`PolicyConfig.prompt_rate_law`): its starting rate counts as
+    The law before a request has history (`StudyConfig.prompt_rate_law`): its starting rate counts as
     one adaptation time (w = tau) and it averages everything since. Unserved, its rate falls as
     w / (w + d), so its price grows linearly with the wait, without bound. NaN stays NaN.
     """
