@@ -140,7 +140,7 @@ class DirectScheduler(BaselineScheduler):
         view = current_view(self)
         if view is None:
             return None
-        winner = best(decode_candidates(self.shapes.decode, cost_lookup(self.costs, now), view.decode, view.waiting))
+        winner = best(decode_candidates(self.memo, self.shapes.decode, cost_lookup(self.costs, now), view.decode, view.waiting))
         return plan_from(self, winner, view)
 
     def _on_commit(self, plan: ScheduledPlan) -> dict:

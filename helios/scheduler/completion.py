@@ -80,7 +80,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
                                          law.credits_prompt) if t.mean_law_rows else None)
         account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
                          sched.policy.adaptation_ms, intact,
-                         law is PromptRateLaw.UNTIL_SERVED, progress)
+                         law is PromptRateLaw.UNTIL_SERVED, progress, sched.memo.decay)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows

@@ -27,6 +27,7 @@ from helios.scheduler.preemption import due as preemption_due
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.service import Normalizers, PriceCoefficients
+from helios.scheduler.memo import Memo
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel
 from helios.scheduler.tracelog import TraceLog
@@ -63,7 +64,8 @@ class Scheduler:
                                       self.config.draft_capacity if spec_on else 0)
         self.queue = ExecutionQueue(self.config.frame_slots)
         self.requests = RequestTable(self.config.draft_capacity)
-        self.publications = Publications(self.requests, self.policy.adaptation_ms)
+        self.memo = Memo()  # static derived values, kept by identity (memo.py)
+        self.publications = Publications(self.requests, self.policy.adaptation_ms, self.memo.decay)
         self.stats = ExecutionStats()
         self.exploration = Exploration(self.config.funded_exploration)  # timing refresh, acceptance learning
         self.traces = TraceLog(4096, self.exploration.refresh.den, self.exploration.learning.den)

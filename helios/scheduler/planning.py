@@ -37,7 +37,7 @@ class PlanningView:
 
 
 def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float,
-                  law: PromptRateLaw = PromptRateLaw.EWMA):
+                  law: PromptRateLaw = PromptRateLaw.EWMA, memo: dict | None = None):
     """Copies of the log token/delivery rates of `rows` advanced through every queued frame's
     expected service, and each row's expected delivery time (has, ns) from the queue (None, None
     when the queue is empty).
@@ -74,7 +74,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         has_delivery[delivered] = True
         delivery_ns[delivered] = frame.expected_end_ns
         before = log_x[p]
-        log_x[p] = ewma_log(before, d, tokens[p], tau_ms)
+        log_x[p] = ewma_log(before, d, tokens[p], tau_ms, memo)
         if window is not None:  # prompts on the mean-rate law, as completion will count them
             progress = np.zeros(n)
             progress[lp[mine]] = first_token_progress(
@@ -87,22 +87,24 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
             if law is PromptRateLaw.UNTIL_SERVED:
                 window[m[progress[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
-        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms)
+        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms, memo)
     return log_x, log_z, has_delivery, delivery_ns
 
 
 def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig, study: StudyConfig,
                coeff: PriceCoefficients, decode: DecodeReference, norm: Normalizers,
                resources: ResourcePool, start_ns: int, max_context: int, max_lanes: int,
-               speculation=None, scale_floor: float = -math.inf, defer_prompts: bool = True) -> PlanningView:
+               speculation=None, scale_floor: float = -math.inf, defer_prompts: bool = True,
+               memo: dict | None = None) -> PlanningView:
     """`rows`: live requests in admission order; `decode`: the measured delivery-bearing graphs;
     `norm`: the current reference rates.
     `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded.
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale. `defer_prompts`: price prefill graphs with the deferred step
-    (only when a mixed graph could carry the decoders along; docs/scheduling-utility.md section 4)."""
+    (only when a mixed graph could carry the decoders along; docs/scheduling-utility.md section 4).
+    `memo`: the scheduler's Memo.decay (the EWMA's terms per interval)."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(
-        t, rows, queue, policy.adaptation_ms, study.prompt_rate_law)
+        t, rows, queue, policy.adaptation_ms, study.prompt_rate_law, memo)
     phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
     queued_prompt = t.queued_prompt[rows]
     cursor = t.prompt_done[rows] + queued_prompt

@@ -94,7 +94,7 @@ def current_view(sched) -> PlanningView | None:
                       sched.resources, sched.queue.expected_end_ns(sched.now_ns), sched.config.max_context,
                       sched.config.selection_slots,
                       (sched.speculation, sched.source) if sched.shapes.rounds else None, floor,
-                      defer_prompts=bool(sched.shapes.mixed))
+                      defer_prompts=bool(sched.shapes.mixed), memo=sched.memo.decay)
     if sched.vision.requests:
         sched.vision.restrict(view, sched.requests)  # legal chunk ends of image requests
     if sched.anchors.requests:
@@ -184,7 +184,7 @@ def plan(sched) -> ScheduledPlan | None:
     candidates = _state_candidates(sched, view, costs)
     if sched.vision.requests:  # vision graphs and window snapshots/restores (vision_candidates.py)
         candidates += _window_candidates(sched, view, costs)
-    candidates += decode_candidates(sched.shapes.decode, costs, view.decode, view.waiting)
+    candidates += decode_candidates(sched.memo, sched.shapes.decode, costs, view.decode, view.waiting)
     # Device allocation needs the program's causal confidence; copy proposals have none,
     # so adaptive copy speculation chooses widths with host allocation.
     device = sched.config.speculation is SpeculationMode.ADAPTIVE and not sched.config.copy_proposals
@@ -192,13 +192,13 @@ def plan(sched) -> ScheduledPlan | None:
         # Programs whose score cannot reach another candidate's are not built; stale ones are kept
         # while a funded timing refresh could choose them.
         candidates += speculative_candidates(sched.shapes.speculative, costs, view.decode, view.waiting, device,
-                                             prune=True, keep_stale=sched.exploration.refresh.funded())
+                                             prune=True, keep_stale=sched.exploration.refresh.funded(), memo=sched.memo)
     budget = Budget(sched.resources.free_slots, sched.resources.free_pages) if view.prefill or sched.shapes.mixed else None
     for kind, (pool, _) in view.prefill.items():
-        candidates += prefill_candidates(sched.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
+        candidates += prefill_candidates(sched.memo, sched.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
     if sched.shapes.mixed:
         prompts = view.prefill.get(GraphKind.PREFILL)
-        candidates += mixed_candidates(sched.shapes.mixed, costs, view.decode,
+        candidates += mixed_candidates(sched.memo, sched.shapes.mixed, costs, view.decode,
                                        None if prompts is None else prompts[0], view.waiting, budget)
     # Funded exploration may displace the ordinary winner.
     chosen, reason = sched.exploration.choose(sched, candidates, best(candidates), view, costs, device)
