@@ -114,7 +114,8 @@ def _state_candidates(sched, view: PlanningView, costs) -> list:
                                        derived(sched)[2], view.log_scale, view.waiting)
             + restore_candidates(sched.state, sched.requests, costs, sched.shapes.prefill, sched.shapes.decode_steps,
                                  derived(sched)[2], view.log_scale, view.waiting, budget, pages,
-                                 view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
+                                 view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode,
+                                 tuple(s for s in sched.shapes.mixed if s.token_capacity == 1)))
 
 
 def _window_candidates(sched, view: PlanningView, costs) -> list:
