@@ -52,35 +52,14 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     # Nothing finished or was rebound since commit: every lane is live in its planned epoch and
     # every participant still holds its request (RequestTable.turnover).
     intact = frame.turnover == t.turnover
-    interval = timing.device_interval_ns()
-    # timing.cost_sample_ns(), from the interval already aggregated over ranks.
-    sample = None if interval is None else interval - (timing.readiness_delay_ns or 0)
-    sched.costs.observe(shape, sample if sample is not None and sample > 0 else None, now)
-    raw = interval
-    if frame.isolated and timing.wall_ns:
-        raw = max(raw or 0, timing.wall_ns)
-    sched.stats.record(frame, raw)
-    sched.exploration.completed(frame.reason, frame.fence, raw, interval is not None, plan.estimated_duration_ns)
+    interval, raw = _learn_cost(sched, frame, timing)
     rounds = shape.kind is GraphKind.SPECULATIVE or (shape.kind is GraphKind.MIXED and shape.token_capacity > 1)
     if rounds:
         sched.stats.speculative_programs += 1
     prompt = checked.prompt
     # Each successful frame with a positive device interval is one measured interval.
     if interval is not None:
-        # Without prompt tokens the normalized service is the token counts (0 * r_d/r_p + count,
-        # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
-        # On the laws that count only what the user received, a chunk is no service (OUTPUT_EWMA;
-        # on FIRST_OUTPUT the mean law below replaces the prompt rows' EWMA anyway).
-        law = sched.study.prompt_rate_law
-        credited = lanes.prompt_tokens if law.credits_prompt else 0
-        served = (frame.normalizers.normalized_service(credited, counts) if prompt
-                  else 1.0 if checked.single else counts)
-        # Rows on the mean-rate law count progress toward their first token instead (service.py).
-        progress = (first_token_progress(lanes.prompt_tokens, t.prompt_tokens[rows], counts,
-                                         law.credits_prompt) if t.mean_law_rows else None)
-        account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
-                         sched.policy.adaptation_ms, intact,
-                         law is PromptRateLaw.UNTIL_SERVED, progress, sched.memo.decay)
+        _account_service(sched, checked, raw, intact)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows
@@ -141,6 +120,45 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if produced is not None:  # a lane that produced nothing publishes only its finish
         return list(compress(out, (produced | finishing).tolist())), not whole or bool(finished), None
     return list(out), not whole or bool(finished), (handles, r)
+
+
+def _learn_cost(sched, frame: Frame, timing: ExecutionTiming) -> tuple[int | None, int | None]:
+    """Spec, "Duration estimates" and "Funded timing refresh": the cost sample (the device interval
+    less readiness stalls) updates the graph's estimate; the raw interval (and wall time for an
+    isolated frame) is what execution statistics and the exploration ledgers count. Returns the
+    device interval and the raw duration (None: no valid interval)."""
+    interval = timing.device_interval_ns()
+    # timing.cost_sample_ns(), from the interval already aggregated over ranks.
+    sample = None if interval is None else interval - (timing.readiness_delay_ns or 0)
+    sched.costs.observe(frame.plan.shape, sample if sample is not None and sample > 0 else None, sched.now_ns)
+    raw = interval
+    if frame.isolated and timing.wall_ns:
+        raw = max(raw or 0, timing.wall_ns)
+    sched.stats.record(frame, raw)
+    sched.exploration.completed(frame.reason, frame.fence, raw, interval is not None,
+                                frame.plan.estimated_duration_ns)
+    return interval, raw
+
+
+def _account_service(sched, checked: Checked, raw: int, intact: bool) -> None:
+    """Spec, "Service accounting and publication": one measured interval of every participant's
+    service, in the frame's commit-time normalizers. Without prompt tokens the normalized service
+    is the token counts (0 * r_d/r_p + count, the same floats); one token each is ewma_log's
+    one-per-lane form (log 1 = 0, same values). On the laws that count only what the user
+    received, a chunk is no service (OUTPUT_EWMA; on FIRST_OUTPUT the mean law replaces the prompt
+    rows' EWMA anyway)."""
+    t, frame, counts = sched.requests, checked.frame, checked.token_counts
+    lanes = frame.plan.lanes
+    law = sched.study.prompt_rate_law
+    credited = lanes.prompt_tokens if law.credits_prompt else 0
+    served = (frame.normalizers.normalized_service(credited, counts) if checked.prompt
+              else 1.0 if checked.single else counts)
+    # Rows on the mean-rate law count progress toward their first token instead (service.py).
+    progress = (first_token_progress(lanes.prompt_tokens, t.prompt_tokens[frame.rows], counts,
+                                     law.credits_prompt) if t.mean_law_rows else None)
+    account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
+                     sched.policy.adaptation_ms, intact,
+                     law is PromptRateLaw.UNTIL_SERVED, progress, sched.memo.decay)
 
 
 def _learn_round(sched, frame, records, index: np.ndarray, rows: np.ndarray, confidence, survival) -> None:

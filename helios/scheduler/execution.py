@@ -25,8 +25,37 @@ from helios.scheduler.utility import count_nonzero
 
 
 def commit(sched, plan: ScheduledPlan, fence: Fence) -> None:
-    """Scheduler.commit: validate everything, then queue the frame and record its trace."""
-    now, t, lanes = sched.now_ns, sched.requests, plan.lanes
+    """Scheduler.commit: validate everything, then queue the frame and record its trace. Spec,
+    "Planning and the execution queue": commit checks ownership, epochs, resource availability and
+    feedback dependencies without rerunning selection."""
+    plan = _check_window(sched, plan, fence)
+    rows, handles, unique, new = _check_lanes(sched, plan)
+    newcomers = _check_resources(sched, rows, new)
+    window = bool(sched.vision.requests) and sched.vision.is_window_plan(plan)
+    if window:
+        sched.vision.check_commit(plan)  # private snapshot rows
+    # Validated: mutate.
+    sched._stamp += 1
+    if window:
+        sched.vision.committed(plan)
+    if newcomers is not None:
+        sched.resources.acquire(sched.requests, newcomers)
+        sched.requests.resident_ns[newcomers] = sched.now_ns  # the preemption quantum starts here
+    _queue_frame(sched, plan, fence, rows, unique)
+    sched._last_fence = fence
+    refresh, learning = sched.exploration.credit_units()  # before this plan's episode opens
+    sched.exploration.committed(plan.shape, plan.reason, fence, sched.now_ns)
+    # The trace's PlanTrace is built only when read (tracelog.py); `handles` is this call's own list.
+    sched.traces.record((fence, plan.shape, handles, plan.estimated_duration_ns,
+                         sched.costs.observation_age_ns(plan.shape, sched.now_ns), plan.reason,
+                         plan.score, plan.log_scale, sched.now_ns, refresh, learning))
+
+
+def _check_window(sched, plan: ScheduledPlan, fence: Fence) -> ScheduledPlan:
+    """The fence, the queue the plan was made against, room in the window, exploration credit and
+    the estimate's freshness (rechecked: a saved plan can outlive the freshness interval, and a
+    stale dispatch needs an empty queue and completion feedback). Returns the plan to queue."""
+    now = sched.now_ns
     if not isinstance(fence, int) or (sched._last_fence is not None and fence <= sched._last_fence):
         raise StalePlan(f"fence {fence!r} must be an integer greater than {sched._last_fence}")
     if plan.queue_fences != sched.queue.fences():
@@ -36,54 +65,60 @@ def commit(sched, plan: ScheduledPlan, fence: Fence) -> None:
     ledger = sched.exploration.ledger(plan.reason)
     if ledger is not None and not ledger.funded():
         raise StalePlan(f"the {plan.reason.value} credit was spent since planning")
-    # Freshness is rechecked: a saved plan can outlive the estimate's freshness interval, and a
-    # stale dispatch needs an empty queue and completion feedback.
     state = sched.costs.state(plan.shape, now)
     if state is not CostState.FRESH:
         if len(sched.queue):
             raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
         if not plan.requires_feedback:
             plan = replace(plan, requires_feedback=True, stale_cost=True)
-    snapshot = plan.shape.kind is GraphKind.SNAPSHOT
+    return plan
+
+
+def _check_lanes(sched, plan: ScheduledPlan):
+    """Ownership and epochs: every lane's request is still runnable at the epoch and version it
+    was planned at. Returns (rows, handles, unique, new): the lanes' table rows, their handles
+    (for the trace), whether the rows are distinct, and which lanes have no slot yet."""
+    t, lanes = sched.requests, plan.lanes
     res = plan.resolved
     if res is not None and res[0] is t and res[1] == sched._stamp and res[2] is lanes:
         # Nothing changed the table since planning: the planned rows (distinct, live decode or
         # prompt rows) still hold these requests at these epochs and versions, and their slots
         # are the lanes' slot column. The trace turns the read-only handle column into a list.
-        rows, handles, unique = res[3], lanes.handle, True
-        new = lanes.slot == NO_SLOT
-    else:
-        handles = lanes.handle.tolist()
-        found = list(map(t.index.get, handles))
-        try:
-            rows = np.fromiter(found, np.int64, len(found))
-        except TypeError:  # a None: the request retired (cheaper than searching for None first)
-            raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
-        done = t.phase[rows] == DONE
-        if snapshot:  # terminal captures retire through this graph
-            done &= ~np.array([sched.state.holds(h) for h in handles], dtype=bool)
-        bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
-        if count_nonzero(bad):
-            i = int(np.argmax(bad))
-            what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
-            raise StalePlan(f"request {lanes.handle[i]} {what}")
-        unique = len(set(found)) == len(found)
-        new = t.slot[rows] == NO_SLOT
-    newcomers = rows[new] if count_nonzero(new) else None
-    if newcomers is not None:
-        need = sum(sched.resources.extent_pages_of(t, newcomers).tolist())
-        if len(newcomers) > sched.resources.free_slots or need > sched.resources.free_pages:
-            raise StalePlan("not enough free slots or pages for the plan's new requests")
-    window = bool(sched.vision.requests) and sched.vision.is_window_plan(plan)
-    if window:
-        sched.vision.check_commit(plan)  # private snapshot rows
-    # Validated: mutate.
-    sched._stamp += 1
-    if window:
-        sched.vision.committed(plan)
-    if newcomers is not None:
-        sched.resources.acquire(t, newcomers)
-        t.resident_ns[newcomers] = now  # the preemption quantum starts here
+        return res[3], lanes.handle, True, lanes.slot == NO_SLOT
+    handles = lanes.handle.tolist()
+    found = list(map(t.index.get, handles))
+    try:
+        rows = np.fromiter(found, np.int64, len(found))
+    except TypeError:  # a None: the request retired (cheaper than searching for None first)
+        raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
+    done = t.phase[rows] == DONE
+    if plan.shape.kind is GraphKind.SNAPSHOT:  # terminal captures retire through this graph
+        done &= ~np.array([sched.state.holds(h) for h in handles], dtype=bool)
+    bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
+    if count_nonzero(bad):
+        i = int(np.argmax(bad))
+        what = "is no longer runnable" if t.phase[rows[i]] == DONE else "changed since planning"
+        raise StalePlan(f"request {lanes.handle[i]} {what}")
+    return rows, handles, len(set(found)) == len(found), t.slot[rows] == NO_SLOT
+
+
+def _check_resources(sched, rows, new):
+    """Resource availability: slots and page extents for the lanes' requests without a slot.
+    Returns their rows (None: every lane is resident)."""
+    if not count_nonzero(new):
+        return None
+    newcomers = rows[new]
+    need = sum(sched.resources.extent_pages_of(sched.requests, newcomers).tolist())
+    if len(newcomers) > sched.resources.free_slots or need > sched.resources.free_pages:
+        raise StalePlan("not enough free slots or pages for the plan's new requests")
+    return newcomers
+
+
+def _queue_frame(sched, plan: ScheduledPlan, fence: Fence, rows, unique: bool) -> None:
+    """The frame's queued service on its rows, its participants (every live request: resident
+    runnable and waiting), the commit-time normalizers, and the frame in the queue."""
+    t, lanes, now = sched.requests, plan.lanes, sched.now_ns
+    snapshot = plan.shape.kind is GraphKind.SNAPSHOT
     isolated = not len(sched.queue)
     start = sched.queue.expected_end_ns(now)
     end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
@@ -94,7 +129,6 @@ def commit(sched, plan: ScheduledPlan, fence: Fence) -> None:
     t.inflight[rows] += 1
     t.version[rows] += 1
     t.last_served_seq[rows] = sched._decisions
-    # Participants: resident runnable and waiting (every live request).
     if not snapshot and unique and t.live_count() == len(rows):
         # The lanes are every live request (the steady state; none is done, so they are
         # live): the lane rows, handles and epochs are the participants', and completion's
@@ -105,13 +139,6 @@ def commit(sched, plan: ScheduledPlan, fence: Fence) -> None:
         p_handles, p_epochs = t.handle[participants], t.epoch[participants]
     sched.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
                            p_handles, p_epochs, derived(sched)[1], None if snapshot else t.turnover))
-    sched._last_fence = fence
-    refresh, learning = sched.exploration.credit_units()  # before this plan's episode opens
-    sched.exploration.committed(plan.shape, plan.reason, fence, now)
-    # The trace's PlanTrace is built only when read (tracelog.py); `handles` is this call's own list.
-    sched.traces.record((fence, plan.shape, handles, plan.estimated_duration_ns,
-                         sched.costs.observation_age_ns(plan.shape, now), plan.reason,
-                         plan.score, plan.log_scale, now, refresh, learning))
 
 
 def _complete_state(sched, plan: ScheduledPlan, fence: Fence, timing: ExecutionTiming, out):
