@@ -27,6 +27,9 @@ CONFIGS = (
     ("spec-7b-azure", "helios-spec", "realistic-small", "azure", 100.0, 3.0, False, 3),
     ("balanced-70b-mooncake-mixed", "helios-balanced", "h100-70b", "mooncake", 60.0, 1.0, True, 4),
     ("balanced-70b-multi", "helios-balanced", "h100-70b", "multi", 20.0, 1.2, True, 5),
+    # The direct baseline selects decode rounds with Helios's decode candidates and prices: a change
+    # to the scheduler's defaults reaches it too.
+    ("direct-7b-azure", "direct", "realistic-small", "azure", 60.0, 3.0, False, 1),
 )
 
 
