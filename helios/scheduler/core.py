@@ -13,8 +13,6 @@ from helios.graphs import Catalog, GraphKind
 import helios.scheduler.execution as execution
 import helios.scheduler.selection as selection
 from helios.scheduler.accounting import Publications
-from helios.scheduler.anchors import AnchorCuts
-from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.completion import ExecutionStats
 from helios.scheduler.cost import CostTable
 from helios.scheduler.exploration import Exploration
@@ -28,11 +26,12 @@ from helios.scheduler.requests import DONE, RequestRow, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.service import Normalizers, PriceCoefficients
 from helios.scheduler.memo import Memo
+from helios.scheduler.prerequisite import Built
+from helios.scheduler.prerequisite_kinds import Prerequisites
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel
 from helios.scheduler.tracelog import TraceLog
 from helios.scheduler.utility import DecodeReference
-from helios.scheduler.vision import VisionWindows
 from helios.scheduler.queue import ExecutionQueue
 
 RETIRED_MEMORY = 4096
@@ -91,11 +90,13 @@ class Scheduler:
             raise InvalidRequest("a speculative or mixed program's depth exceeds draft_capacity")
         self.speculation = SpeculationModel(self.config.draft_capacity, self.study.acceptance_estimate)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
-        self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
-                                     self.config.checkpoint_extra_work_fraction)
-        self.vision = VisionWindows(catalog, self.config, self.plans_state_operations)  # image windows
-        self.anchors = AnchorCuts.of(catalog, self.shapes, self.state.enabled,  # extra prefill cuts
-                                     self.config.checkpoint_extra_work_fraction)
+        # Prerequisite work (prerequisite_kinds.py): state operations, vision windows, anchor cuts.
+        self.prereqs = Prerequisites(Built(catalog, self.policy, self.config, self.shapes,
+                                           self.plans_state_operations, {}))
+        kinds = self.prereqs.kinds
+        self.state = kinds["state"].ops  # restores, captures (checkpoints.py)
+        self.vision = kinds["vision"].windows  # image windows (vision.py)
+        self.anchors = kinds["anchors"].cuts  # extra prefill cuts (anchors.py)
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -116,17 +117,14 @@ class Scheduler:
             raise InvalidRequest("the catalog has no prefill graph to consume the prompt")
         if self.resources.extent_pages(request) > self.resources.total_pages:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
-        windows = self.vision.check(request, self._max_chunk(request)) if request.images else ()
+        checked = self.prereqs.check(request, lambda: self._max_chunk(request))
         self._stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
         # With the mean-rate law, the starting rate counts as one adaptation time of history.
         window = self.policy.adaptation_ms if self.study.prompt_rate_law.mean_law else None
         self.requests.add(handle, request, self._starting_log_rate(), window)
-        self.state.admitted(handle, request)
-        self.anchors.admitted(handle, request, self.costs.estimate_ns)
-        if windows:
-            self.vision.admitted(handle, request, windows)
+        self.prereqs.admitted(handle, request, checked, self.costs.estimate_ns)
         return handle
 
     def _max_chunk(self, request: RequestSpec) -> int:
@@ -166,8 +164,7 @@ class Scheduler:
         t.set_finish(row, reason)
         t.update_phase([row])
         t.rebind(row)
-        self.state.forget(handle)
-        self.anchors.forget(handle)
+        self.prereqs.forget(handle)
         self._retire_idle([row])
 
     def _retire_idle(self, rows) -> None:
@@ -175,10 +172,9 @@ class Scheduler:
         rows = np.asarray(rows, dtype=np.int64)
         for row in rows[(t.phase[rows] == DONE) & (t.inflight[rows] == 0)].tolist():
             handle = int(t.handle[row])
-            if self.state.holds(handle):
-                continue  # a terminal capture retires through its snapshot
-            if self.vision.requests:
-                self.vision.retired(handle)  # its private snapshot row, if it still holds one
+            if self.prereqs.holds(handle):
+                continue  # e.g. a terminal capture retires through its snapshot
+            self.prereqs.retired(handle)  # e.g. its private window snapshot row
             self.resources.release(t, row)
             t.remove(row)
             if len(self._retired) == self._retired.maxlen:
@@ -266,7 +262,7 @@ class Scheduler:
     def _preemption_excluded(self) -> set[RequestHandle]:
         # Image requests with window operations, and requests whose anchor snapshot is due (their
         # state copy is in progress), are neither preempted nor served by the policy.
-        return set(self.vision.requests) | {h for h, a in self.anchors.requests.items() if a.due is not None}
+        return self.prereqs.excluded()
 
     def restores_checkpoints(self) -> bool:
         """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back

@@ -1,7 +1,7 @@
 """A plan's execution, from commit to publication (Scheduler.commit, complete*, published_outputs):
 commit validates a plan against the table and queues its frame; completion validates the
-frame's records, applies them (completion.py) and runs the state-operation, vision and
-retirement hooks; publication reports delivered bursts to the service accounting.
+frame's records, applies them (completion.py) and runs the prerequisite kinds' completion steps
+(prerequisite_kinds.py) and retirement; publication reports delivered bursts to the service accounting.
 
 Functions of the scheduler; the Scheduler methods are thin calls into them.
 """
@@ -20,7 +20,8 @@ from helios.scheduler.cost import CostState
 from helios.scheduler.plan import NO_SLOT, ExecutionTiming, Fence, GeneratedToken, ScheduledPlan
 from helios.scheduler.queue import Frame
 from helios.scheduler.requests import DONE
-from helios.scheduler.selection import cost_lookup, derived
+from helios.scheduler.prerequisite import Completed
+from helios.scheduler.selection import derived
 from helios.scheduler.utility import count_nonzero
 
 
@@ -31,13 +32,11 @@ def commit(sched, plan: ScheduledPlan, fence: Fence) -> None:
     plan = _check_window(sched, plan, fence)
     rows, handles, unique, new = _check_lanes(sched, plan)
     newcomers = _check_resources(sched, rows, new)
-    window = bool(sched.vision.requests) and sched.vision.is_window_plan(plan)
-    if window:
-        sched.vision.check_commit(plan)  # private snapshot rows
+    owners = sched.prereqs.check_commit(plan)  # prerequisite kinds whose plan this is (private rows)
     # Validated: mutate.
     sched._stamp += 1
-    if window:
-        sched.vision.committed(plan)
+    for kind in owners:
+        kind.committed(plan)
     if newcomers is not None:
         sched.resources.acquire(sched.requests, newcomers)
         sched.requests.resident_ns[newcomers] = sched.now_ns  # the preemption quantum starts here
@@ -93,7 +92,7 @@ def _check_lanes(sched, plan: ScheduledPlan):
         raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
     done = t.phase[rows] == DONE
     if plan.shape.kind is GraphKind.SNAPSHOT:  # terminal captures retire through this graph
-        done &= ~np.array([sched.state.holds(h) for h in handles], dtype=bool)
+        done &= ~np.array([sched.prereqs.holds(h) for h in handles], dtype=bool)
     bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
     if count_nonzero(bad):
         i = int(np.argmax(bad))
@@ -141,20 +140,6 @@ def _queue_frame(sched, plan: ScheduledPlan, fence: Fence, rows, unique: bool) -
                            p_handles, p_epochs, derived(sched)[1], None if snapshot else t.turnover))
 
 
-def _complete_state(sched, plan: ScheduledPlan, fence: Fence, timing: ExecutionTiming, out):
-    """Capture allowance, state-operation results and terminal captures (checkpoints.py)."""
-    sample = timing.cost_sample_ns()
-    productive = [g.handle for g in out if g.tokens]
-    sched.state.earn(plan.shape.kind, productive, None if sample is None else sample / 1e6)
-    snap = [t for sh in sched.state.snapshot_shapes if (t := sched.costs.estimate_ns(sh)) is not None]
-    if sched.anchors.requests:
-        lookup = cost_lookup(sched.costs, sched.now_ns)
-        sched.anchors.completed(sched.requests, plan, lambda sh: lookup(sh)[1])
-    return sched.state.completed(sched.requests, plan.shape.kind, plan.handles, fence, sched.now_ns, out,
-                                 lambda row: sched.resources.release(sched.requests, row),
-                                 min(snap) / 1e6 if snap else None)
-
-
 def complete(sched, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
     """Every Scheduler.complete* call: validate every lane first; a bad completion raises and changes nothing."""
     checked = validate_completion(sched.queue, sched.requests, fence, records, timing, confidence, survival,
@@ -163,15 +148,17 @@ def complete(sched, fence, records, timing, confidence, survival) -> list[Genera
     sched.publications.flush()  # validation reads no rate: a rejected completion changes nothing
     sched.queue.pop()
     out, some_done, bursts = apply_completion(sched, checked, timing, confidence, survival)
-    # No row retires below unless some lane is done; state operations may edit `out`.
-    sched._bursts = (None if bursts is None or some_done or sched.state.enabled
+    prereqs = sched.prereqs
+    # No row retires below unless some lane is done or a prerequisite kind retires one; a kind's
+    # completion (a terminal capture) may edit `out`.
+    sched._bursts = (None if bursts is None or some_done or prereqs.edits_output
                      else (fence, sched._stamp, *bursts))
-    if sched.state.enabled:  # a catalog without snapshot/restore graphs pays nothing here
-        out = _complete_state(sched, checked.frame.plan, fence, timing, out)
-    if sched.vision.requests and sched.vision.is_window_plan(checked.frame.plan):
-        sched.vision.completed(checked.frame.plan, sched.requests)
+    if prereqs.completes:  # a catalog without snapshot, restore or vision graphs pays nothing here
+        t = sched.requests
+        out = prereqs.completed(Completed(t, checked.frame.plan, fence, timing, sched.costs, sched.now_ns,
+                                          lambda row: sched.resources.release(t, row)), out)
     rows = checked.frame.rows
-    if some_done or sched.state.enabled or sched.vision.requests:  # else every lane is still live: none can retire
+    if some_done or prereqs.may_retire():  # else every lane is still live: none can retire
         sched._retire_idle(rows)
     # A lane still live is something left to run (state operations end no request).
     if not len(sched.queue) and (some_done or not len(rows)) and not sched.requests.live_count():

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from helios.graphs import GraphKind
 from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.cost import CostState
 from helios.scheduler.lookahead import two_stage
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidate
+from helios.scheduler.prerequisite import Prerequisite
 from helios.scheduler.requests import RequestTable
 from helios.scheduler.service import PriceCoefficients, log_prices
 from helios.scheduler.utility import prefix_sums, ranked_lanes, reference_interval_ms
@@ -34,10 +36,14 @@ from helios.scheduler.utility import prefix_sums, ranked_lanes, reference_interv
 
 @dataclass(slots=True)
 class StateCandidate(Candidate):
-    """A state-operation candidate: also names its lanes' table rows and scaled lane values."""
+    """A prerequisite candidate (every kind's, prerequisite_kinds.py): also names its lanes' table
+    rows and scaled lane values, builds its plan's lanes, and says how its plan is marked."""
 
     table_rows: np.ndarray | None = None  # table row of each pool entry
     lane_values: np.ndarray | None = None  # scaled value per pool entry, T-dependent part included
+    lanes_of: object = None  # () -> PlanLanes of the members
+    private_state: bool = False  # a window operation's private snapshot or restore (ScheduledPlan)
+    anchor: bool = False  # a nonterminal anchor snapshot (ScheduledPlan)
 
 
 def continuation_index(value: float, t_ms: float | None, f_ms: float | None) -> float:
@@ -107,7 +113,19 @@ def snapshot_candidates(ops: StateOperations, t: RequestTable, costs, log_scale:
     ages = np.array([max(0, now_ns - ops.captures[h].since_ns) / 1e6 for h in handles])
     base = ops.policy.terminal_value * s + c_sigma * ages
     pool = _pool(t, rows, base)
-    return _cohorts(ops.snapshot_shapes, costs, rows, pool, base, c_sigma, waiting)
+    return _with_lanes(ops, t, _cohorts(ops.snapshot_shapes, costs, rows, pool, base, c_sigma, waiting))
+
+
+def _with_lanes(ops: StateOperations, t: RequestTable, cands: list) -> list:
+    for c in cands:
+        c.lanes_of = _builder(ops, t, c)
+    return cands
+
+
+def _builder(ops: StateOperations, t: RequestTable, c: StateCandidate):
+    def lanes():
+        return ops.lanes(t, c.shape.kind, c.table_rows[c.members], c.lane_values[c.members])
+    return lanes
 
 
 def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, decode_shapes,
@@ -155,7 +173,7 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     for c in cands:
         _exact_pair(c, pool, costs, prefill_shapes, decode_shapes, lp - log_scale, lo - log_scale, left,
                     ready_pool, ready_decoders, waiting, mixed_shapes)
-    return cands
+    return _with_lanes(ops, t, cands)
 
 
 def _chunk_values(log_prefill, log_first, left, chunk: int) -> np.ndarray:
@@ -235,3 +253,68 @@ def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode
     c.value = best.value
     c.score = best.score  # ranks by T + F; the plan's estimated duration stays the restore's T
     c.key = (c.t_ms is None, c.score) + c.key[2:]
+
+
+class StateKind(Prerequisite):
+    """State operations as a prerequisite kind: pending restores (cached prefixes, preempted
+    decoders) hold their requests back until restored, terminal captures and preemptions until
+    their snapshot; both compete as candidates (above); completion resolves them (checkpoints.py)."""
+
+    name = "state"
+    edits_output = True  # a terminal capture holds its request's finish until its snapshot
+
+    def __init__(self, ops: StateOperations):
+        self.ops = ops
+        self.enabled = ops.enabled
+
+    @classmethod
+    def build(cls, b) -> "StateKind":
+        return cls(StateOperations(b.catalog, b.policy, b.planned, b.config.checkpoint_extra_work_fraction))
+
+    def admitted(self, handle, request, checked, estimate_ns) -> None:
+        self.ops.admitted(handle, request)
+
+    def forget(self, handle) -> None:
+        self.ops.forget(handle)
+
+    def holds(self, handle) -> bool:
+        return handle in self.ops.captures
+
+    def pending(self) -> bool:
+        return bool(self.ops.captures or self.ops.restoring)
+
+    def hold_back(self, t: RequestTable, rows: np.ndarray) -> np.ndarray:
+        if self.ops.restoring or self.ops.captures:  # restores not completed, preemptions
+            return rows[~self.ops.not_ready(t, rows)]
+        return rows
+
+    def log_scale(self, t: RequestTable, coeff: PriceCoefficients) -> float:
+        return restore_log_scale(self.ops, t, coeff)
+
+    def waiting(self, log_scale: float) -> float:
+        return terminal_waiting(self.ops, log_scale) if self.ops.captures else 0.0
+
+    def snapshot_candidates(self, inputs, view, costs) -> list:
+        return snapshot_candidates(self.ops, inputs.t, costs, view.log_scale, view.waiting, inputs.start_ns)
+
+    def restore_candidates(self, inputs, view, costs) -> list:
+        t, res, shapes = inputs.t, inputs.resources, inputs.shapes
+        return restore_candidates(self.ops, t, costs, shapes.prefill, shapes.decode_steps, inputs.coeff,
+                                  view.log_scale, view.waiting, Budget(res.free_slots, res.free_pages),
+                                  lambda rows: res.extent_pages_of(t, rows),
+                                  view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode,
+                                  tuple(s for s in shapes.mixed if s.token_capacity == 1))
+
+    def may_retire(self) -> bool:
+        return True  # a completed snapshot retires its capture's row
+
+    def earn(self, done, out: list) -> list:
+        """The capture allowance that productive decode earns (before any capture resolves)."""
+        sample = done.timing.cost_sample_ns()
+        self.ops.earn(done.plan.shape.kind, [g.handle for g in out if g.tokens], None if sample is None else sample / 1e6)
+        return out
+
+    def completed(self, done, out: list) -> list:
+        snap = [ns for sh in self.ops.snapshot_shapes if (ns := done.costs.estimate_ns(sh)) is not None]
+        return self.ops.completed(done.t, done.plan.shape.kind, done.plan.handles, done.fence, done.now_ns, out,
+                                  done.release, min(snap) / 1e6 if snap else None)

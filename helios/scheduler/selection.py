@@ -12,21 +12,18 @@ import numpy as np
 
 from helios.config import SpeculationMode
 from helios.graphs import GraphKind
-from helios.scheduler.anchors import AnchorCandidate
-from helios.scheduler.cost import CostState, CostTable
+from helios.scheduler.cost import CostState, CostTable, cost_lookup  # noqa: F401 (cost_lookup: its users import it here)
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
 from helios.scheduler.mixed import mixed_candidates, mixed_lanes, spec_row_values
 from helios.scheduler.plan import ScheduledPlan, SelectionReason
 from helios.scheduler.planning import PlanningView, build_view
 from helios.scheduler.policy import Budget, best, decode_candidates
 from helios.scheduler.prefill import prefill_candidates
-from helios.scheduler.prerequisites import (
-    restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
-)
+from helios.scheduler.prerequisite import PlanInputs
+from helios.scheduler.prerequisites import StateCandidate
 from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.service import PHYSICAL, reference_normalizers
 from helios.scheduler.utility import DecodeReference
-from helios.scheduler.vision_candidates import WindowCandidate, window_candidates, window_log_scale
 
 
 def derived(sched) -> tuple:
@@ -58,74 +55,25 @@ def derived(sched) -> tuple:
     return sched._derived_cache
 
 
-def cost_lookup(costs, now: int):
-    """shape -> (estimate in ms or None, CostState) at `now`: one closure per decision."""
-    if isinstance(costs, CostTable):
-        return costs.lookup_ms_at(now)
-
-    def lookup(shape):
-        t, state = costs.lookup(shape, now)
-        return (None if t is None else t / 1e6), state
-    return lookup
-
-
 def current_view(sched) -> PlanningView | None:
     """Live requests projected to the queue's expected end, or None when nothing can queue."""
     if not sched.queue.accepts_more(sched.now_ns):
         return None
     sched.publications.flush()
-    live = sched.requests.live_rows()
-    if sched.state.restoring or sched.state.captures:  # restores not completed, preemptions
-        live = live[~sched.state.not_ready(sched.requests, live)]
-    if sched.vision.requests:  # prompts waiting for a window operation
-        live = live[~sched.vision.not_ready(sched.requests, live)]
-    if sched.anchors.requests:  # prompts at a cut, or waiting for its anchor snapshot
-        live = live[~sched.anchors.not_ready(sched.requests, live)]
-    if not len(live) and not (sched.state.captures or sched.state.restoring or sched.vision.requests
-                              or sched.anchors.requests):
+    prereqs = sched.prereqs
+    # Requests waiting for prerequisite work (a restore, a window operation, an anchor snapshot).
+    live = prereqs.hold_back(sched.requests, sched.requests.live_rows())
+    if not len(live) and not prereqs.pending():
         return None
     decode, norm, coeff = derived(sched)
-    floor = restore_log_scale(sched.state, sched.requests, coeff)
-    if sched.vision.requests:
-        floor = max(floor, window_log_scale(sched.vision, sched.requests, coeff))
-    if sched.anchors.requests:
-        floor = max(floor, sched.anchors.log_scale(sched.requests, coeff))
+    floor = prereqs.log_scale(sched.requests, coeff)  # lanes priced outside the view's pools
     view = build_view(sched.requests, live, sched.queue, sched.policy, sched.study, coeff, decode, norm,
                       sched.resources, sched.queue.expected_end_ns(sched.now_ns), sched.config.max_context,
                       sched.config.selection_slots,
                       (sched.speculation, sched.source) if sched.shapes.rounds else None, floor,
                       defer_prompts=bool(sched.shapes.mixed), memo=sched.memo.decay)
-    if sched.vision.requests:
-        sched.vision.restrict(view, sched.requests)  # legal chunk ends of image requests
-    if sched.anchors.requests:
-        sched.anchors.restrict(view, sched.requests)  # no chunk passes a planned cut
+    prereqs.restrict(view, sched.requests)  # legal chunk ends (images, planned cuts)
     return view
-
-
-def _state_candidates(sched, view: PlanningView, costs) -> list:
-    """Terminal snapshots and prerequisite restores (prerequisites.py)."""
-    if not sched.state.enabled:
-        return []
-    budget = Budget(sched.resources.free_slots, sched.resources.free_pages)
-    start = sched.queue.expected_end_ns(sched.now_ns)
-    pages = lambda rows: sched.resources.extent_pages_of(sched.requests, rows)  # noqa: E731
-    return (snapshot_candidates(sched.state, sched.requests, costs, view.log_scale, view.waiting, start)
-            + sched.anchors.candidates(sched.requests, sched.state.captures, costs, sched.shapes.decode_steps,
-                                       derived(sched)[2], view.log_scale, view.waiting)
-            + restore_candidates(sched.state, sched.requests, costs, sched.shapes.prefill, sched.shapes.decode_steps,
-                                 derived(sched)[2], view.log_scale, view.waiting, budget, pages,
-                                 view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode,
-                                 tuple(s for s in sched.shapes.mixed if s.token_capacity == 1)))
-
-
-def _window_candidates(sched, view: PlanningView, costs) -> list:
-    t = sched.requests
-    shapes_of = lambda row: sched.shapes.prefill_of(  # noqa: E731
-        GraphKind.SCORED_PREFILL if t.score_prompt[row] else GraphKind.PREFILL)
-    return window_candidates(sched.vision, t, sched.state.restoring, costs, shapes_of, derived(sched)[2],
-                             view.log_scale, view.waiting,
-                             Budget(sched.resources.free_slots, sched.resources.free_pages),
-                             lambda rows: sched.resources.extent_pages_of(t, rows), view.prefill)
 
 
 def _spec_lanes(sched, winner, view: PlanningView):
@@ -139,12 +87,9 @@ def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None 
     if winner is None:
         return None
     kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
-    window, anchor = type(winner) is WindowCandidate, type(winner) is AnchorCandidate
-    if window or anchor:
+    prereq = isinstance(winner, StateCandidate)  # every prerequisite kind's candidate
+    if prereq:
         lanes = winner.lanes_of()
-    elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
-        lanes = sched.state.lanes(sched.requests, kind, winner.table_rows[winner.members],
-                                 winner.lane_values[winner.members])
     elif kind is GraphKind.SPECULATIVE:
         lanes = _spec_lanes(sched, winner, view)
     elif kind is GraphKind.MIXED:
@@ -171,7 +116,7 @@ def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None 
                          feedback, winner.cost_state is CostState.STALE, sched.now_ns,
                          sched.queue.expected_end_ns(sched.now_ns), sched.queue.fences(), winner.device,
                          None if rows is None else (sched.requests, sched._stamp, lanes, rows),
-                         private_state=window and kind is not GraphKind.VISION, anchor=anchor)
+                         private_state=prereq and winner.private_state, anchor=prereq and winner.anchor)
 
 
 def plan(sched) -> ScheduledPlan | None:
@@ -180,11 +125,14 @@ def plan(sched) -> ScheduledPlan | None:
     if view is None:
         return None
     costs = cost_lookup(sched.costs, sched.now_ns)
-    if sched.state.captures:
-        view.waiting += terminal_waiting(sched.state, view.log_scale)
-    candidates = _state_candidates(sched, view, costs)
-    if sched.vision.requests:  # vision graphs and window snapshots/restores (vision_candidates.py)
-        candidates += _window_candidates(sched, view, costs)
+    prereqs = sched.prereqs
+    candidates = []
+    if prereqs.proposes:  # restores, captures, anchor snapshots, window operations
+        extra = prereqs.waiting(view.log_scale)
+        if extra:
+            view.waiting += extra  # terminal captures' age price
+        candidates = prereqs.candidates(PlanInputs(sched.requests, sched.resources, sched.shapes, derived(sched)[2],
+                                                   sched.queue.expected_end_ns(sched.now_ns)), view, costs)
     candidates += decode_candidates(sched.memo, sched.shapes.decode, costs, view.decode, view.waiting)
     # Device allocation needs the program's causal confidence; copy proposals have none,
     # so adaptive copy speculation chooses widths with host allocation.
