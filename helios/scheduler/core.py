@@ -15,6 +15,7 @@ import helios.scheduler.selection as selection
 from helios.scheduler.accounting import Publications
 from helios.scheduler.completion import ExecutionStats
 from helios.scheduler.cost import CostTable
+from helios.scheduler.estimates import Estimates
 from helios.scheduler.exploration import Exploration
 from helios.scheduler.plan import (
     NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestHandle, ScheduledPlan,
@@ -82,7 +83,7 @@ class Scheduler:
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
         self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
-        self._derived_cache, self._derived_version = None, None  # see _derived
+        self.estimates = Estimates(self.costs, self.shapes, self.study, self.coeff)  # estimates.py
         # State-row reservation (draft_capacity) covers the widest verification of the separate
         # and the mixed catalogs.
         if self.shapes.max_verification_width - 1 > self.config.draft_capacity or any(
@@ -97,6 +98,10 @@ class Scheduler:
         self.state = kinds["state"].ops  # restores, captures (checkpoints.py)
         self.vision = kinds["vision"].windows  # image windows (vision.py)
         self.anchors = kinds["anchors"].cuts  # extra prefill cuts (anchors.py)
+        self.selection = selection.SelectionInputs(  # what plan() reads
+            self.requests, self.resources, self.queue, self.publications, self.prereqs, self.costs, self.estimates,
+            self.shapes, self.policy, self.study, self.config, self.speculation, self.source, self.memo,
+            self.exploration)
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -189,19 +194,19 @@ class Scheduler:
 
     # ---- planning (selection.py) -------------------------------------------------------
     def plan(self) -> ScheduledPlan | None:
-        return selection.plan(self)  # the view, every family's candidates, the winner
+        return selection.plan(self.selection, self.now_ns, self._stamp)  # the view, candidates, the winner
 
-    # Accessors of selection.derived (estimates-only values, cached against the cost table).
+    # Accessors of the estimates-only values (estimates.py), cached against the cost table.
     def _normalizers(self) -> Normalizers:
         """The phases' reference rates from the measured catalog (docs/scheduling-utility.md)."""
-        return selection.derived(self)[1]
+        return self.estimates.get()[1]
 
     def _decode_reference(self) -> DecodeReference:
-        return selection.derived(self)[0]
+        return self.estimates.get()[0]
 
     def _coeff(self) -> PriceCoefficients:
         """The price coefficients, calibrated to the measured time scale when the policy asks."""
-        return selection.derived(self)[2]
+        return self.estimates.get()[2]
 
     def seed_acceptance(self, survival, source: ProposalSource | None = None) -> None:
         """Preseed the population acceptance prior (prefix survival by depth)."""

@@ -21,7 +21,6 @@ from helios.scheduler.plan import NO_SLOT, ExecutionTiming, Fence, GeneratedToke
 from helios.scheduler.queue import Frame
 from helios.scheduler.requests import DONE
 from helios.scheduler.prerequisite import Completed
-from helios.scheduler.selection import derived
 from helios.scheduler.utility import count_nonzero
 
 
@@ -137,7 +136,7 @@ def _queue_frame(sched, plan: ScheduledPlan, fence: Fence, rows, unique: bool) -
         participants = t.live_rows()  # the table's cached live rows, not another scan
         p_handles, p_epochs = t.handle[participants], t.epoch[participants]
     sched.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
-                           p_handles, p_epochs, derived(sched)[1], None if snapshot else t.turnover))
+                           p_handles, p_epochs, sched.estimates.get()[1], None if snapshot else t.turnover))
 
 
 def complete(sched, fence, records, timing, confidence, survival) -> list[GeneratedToken]:

@@ -1,63 +1,71 @@
 """The plan call (Scheduler.plan): the live requests projected to the queue's expected end (the
 planning view), every family's candidates on it, and the winner frozen into a ScheduledPlan.
 
-Functions of the scheduler, bottom-up; `Scheduler.plan` is a thin call into `plan`. `derived`
-also serves commit (execution.py) and admission: it owns the cache of what depends only on the
-cost table's estimates.
+Functions of `SelectionInputs` (the scheduler's parts that selection reads), the time and the
+table's stamp, bottom-up; `Scheduler.plan` is a thin call into `plan`.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
-from helios.config import SpeculationMode
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, StudyConfig
 from helios.graphs import GraphKind
-from helios.scheduler.cost import CostState, CostTable, cost_lookup  # noqa: F401 (cost_lookup: its users import it here)
+from helios.scheduler.accounting import Publications
+from helios.scheduler.cost import CostState, cost_lookup
+from helios.scheduler.estimates import Estimates
+from helios.scheduler.exploration import Exploration
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
+from helios.scheduler.memo import Memo
 from helios.scheduler.mixed import mixed_candidates, mixed_lanes, spec_row_values
 from helios.scheduler.plan import ScheduledPlan, SelectionReason
 from helios.scheduler.planning import PlanningView, build_view
 from helios.scheduler.policy import Budget, best, decode_candidates
 from helios.scheduler.prefill import prefill_candidates
 from helios.scheduler.prerequisite import PlanInputs
+from helios.scheduler.prerequisite_kinds import Prerequisites
 from helios.scheduler.prerequisites import StateCandidate
+from helios.scheduler.queue import ExecutionQueue
+from helios.scheduler.requests import RequestTable
+from helios.scheduler.resources import ResourcePool
 from helios.scheduler.rounds import speculative_candidates
-from helios.scheduler.service import PHYSICAL, reference_normalizers
-from helios.scheduler.utility import DecodeReference
+from helios.scheduler.shapes import ShapeSets
+from helios.scheduler.speculation import ProposalSource, SpeculationModel
 
 
-def derived(sched) -> tuple:
-    """(decode reference, normalizers, price coefficients): functions of the estimates alone,
-    recomputed only when the cost table's version moves (a table without one, e.g. a baseline's time-dependent
-    moving average, recomputes at every call)."""
-    version = getattr(sched.costs, "version", None)
-    if version is None or version != sched._derived_version or sched._derived_cache is None:
-        costs = sched.costs
-        if isinstance(costs, CostTable):
-            estimates = costs.estimates_ns
-        else:
-            estimates = lambda shapes: [costs.estimate_ns(s) for s in shapes]  # noqa: E731
-        # Every delivery-bearing family: one visible burst per lane, whatever its width.
-        delivery = sched.shapes.delivery
-        decode = [(s.batch_capacity, t / 1e6) for s, t in zip(delivery, estimates(delivery)) if t is not None]
-        norm = PHYSICAL
-        if sched.study.phase_normalized:
-            prompts = sched.shapes.prefill + sched.shapes.scored_prefill
-            prefill = [(s.token_capacity, t / 1e6) for s, t in zip(prompts, estimates(prompts)) if t is not None]
-            norm = reference_normalizers(prefill, decode)
-        coeff = sched.coeff
-        if sched.study.fairness_time_scale:
-            # The decode reference alone: what `norm` already holds when phase-normalized (the same
-            # maximum over the same list), so it is not computed twice.
-            log_decode = norm.log_decode if sched.study.phase_normalized else reference_normalizers((), decode).log_decode
-            coeff = coeff.time_scaled(log_decode)
-        sched._derived_cache, sched._derived_version = (DecodeReference(decode), norm, coeff), version
-    return sched._derived_cache
+@dataclass(frozen=True, slots=True)
+class SelectionInputs:
+    """What selection reads of the scheduler: its parts, by reference (the Scheduler builds one).
+    The time and the table's stamp arrive as parameters."""
+
+    requests: RequestTable
+    resources: ResourcePool
+    queue: ExecutionQueue
+    publications: Publications  # flushed before the view reads the rates
+    prereqs: Prerequisites
+    costs: object  # CostTable, or a baseline's
+    estimates: Estimates
+    shapes: ShapeSets
+    policy: PolicyConfig
+    study: StudyConfig
+    config: SchedulerConfig
+    speculation: SpeculationModel
+    source: ProposalSource
+    memo: Memo
+    exploration: Exploration
 
 
-def current_view(sched) -> PlanningView | None:
+def derived(inputs) -> tuple:
+    """(decode reference, normalizers, price coefficients) of `inputs` (a SelectionInputs or a
+    Scheduler): estimates.py."""
+    return inputs.estimates.get()
+
+
+def current_view(sched: SelectionInputs, now_ns: int) -> PlanningView | None:
     """Live requests projected to the queue's expected end, or None when nothing can queue."""
-    if not sched.queue.accepts_more(sched.now_ns):
+    if not sched.queue.accepts_more(now_ns):
         return None
     sched.publications.flush()
     prereqs = sched.prereqs
@@ -68,7 +76,7 @@ def current_view(sched) -> PlanningView | None:
     decode, norm, coeff = derived(sched)
     floor = prereqs.log_scale(sched.requests, coeff)  # lanes priced outside the view's pools
     view = build_view(sched.requests, live, sched.queue, sched.policy, sched.study, coeff, decode, norm,
-                      sched.resources, sched.queue.expected_end_ns(sched.now_ns), sched.config.max_context,
+                      sched.resources, sched.queue.expected_end_ns(now_ns), sched.config.max_context,
                       sched.config.selection_slots,
                       (sched.speculation, sched.source) if sched.shapes.rounds else None, floor,
                       defer_prompts=bool(sched.shapes.mixed), memo=sched.memo.decay)
@@ -76,14 +84,16 @@ def current_view(sched) -> PlanningView | None:
     return view
 
 
-def _spec_lanes(sched, winner, view: PlanningView):
+def _spec_lanes(sched: SelectionInputs, winner, view: PlanningView):
     values, expected = spec_row_values(view.decode, winner.members, winner.rows, winner.t_ms or 0.0)
     bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
     return speculative_lanes(sched.requests, view.decode_rows[winner.members], bounds, expected, values, winner.rows)
 
 
-def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
-    """Freeze the winning candidate into a plan, or None while it needs an empty window."""
+def plan_from(sched: SelectionInputs, winner, view: PlanningView, now_ns: int, stamp: int,
+              reason: SelectionReason | None = None) -> ScheduledPlan | None:
+    """Freeze the winning candidate into a plan, or None while it needs an empty window. `stamp`:
+    the table's stamp the plan was made at (ScheduledPlan.resolved)."""
     if winner is None:
         return None
     kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
@@ -113,18 +123,18 @@ def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None 
     if reason is None:
         reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
     return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
-                         feedback, winner.cost_state is CostState.STALE, sched.now_ns,
-                         sched.queue.expected_end_ns(sched.now_ns), sched.queue.fences(), winner.device,
-                         None if rows is None else (sched.requests, sched._stamp, lanes, rows),
+                         feedback, winner.cost_state is CostState.STALE, now_ns,
+                         sched.queue.expected_end_ns(now_ns), sched.queue.fences(), winner.device,
+                         None if rows is None else (sched.requests, stamp, lanes, rows),
                          private_state=prereq and winner.private_state, anchor=prereq and winner.anchor)
 
 
-def plan(sched) -> ScheduledPlan | None:
-    """Scheduler.plan: the best plan for the current view, or None."""
-    view = current_view(sched)
+def plan(sched: SelectionInputs, now_ns: int, stamp: int) -> ScheduledPlan | None:
+    """Scheduler.plan: the best plan for the current view at `now_ns`, or None."""
+    view = current_view(sched, now_ns)
     if view is None:
         return None
-    costs = cost_lookup(sched.costs, sched.now_ns)
+    costs = cost_lookup(sched.costs, now_ns)
     prereqs = sched.prereqs
     candidates = []
     if prereqs.proposes:  # restores, captures, anchor snapshots, window operations
@@ -132,7 +142,7 @@ def plan(sched) -> ScheduledPlan | None:
         if extra:
             view.waiting += extra  # terminal captures' age price
         candidates = prereqs.candidates(PlanInputs(sched.requests, sched.resources, sched.shapes, derived(sched)[2],
-                                                   sched.queue.expected_end_ns(sched.now_ns)), view, costs)
+                                                   sched.queue.expected_end_ns(now_ns)), view, costs)
     candidates += decode_candidates(sched.memo, sched.shapes.decode, costs, view.decode, view.waiting)
     # Device allocation needs the program's causal confidence; copy proposals have none,
     # so adaptive copy speculation chooses widths with host allocation.
@@ -151,4 +161,4 @@ def plan(sched) -> ScheduledPlan | None:
                                        None if prompts is None else prompts[0], view.waiting, budget)
     # Funded exploration may displace the ordinary winner.
     chosen, reason = sched.exploration.choose(sched, candidates, best(candidates), view, costs, device)
-    return plan_from(sched, chosen, view, reason)
+    return plan_from(sched, chosen, view, now_ns, stamp, reason)

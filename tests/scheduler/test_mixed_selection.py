@@ -23,7 +23,7 @@ TABLE = {decode(1): 5.0, decode(2): 5.2, decode(4): 5.5, prefill(64): 6.0, prefi
 
 
 def candidates(s):
-    view = current_view(s)
+    view = current_view(s.selection, s.now_ns)
     prompts = view.prefill.get(GraphKind.PREFILL)
     return mixed_candidates(s.memo, s.shapes.mixed, cost_lookup(s.costs, s.now_ns), view.decode,
                             None if prompts is None else prompts[0], view.waiting, Budget(64, 1 << 20))

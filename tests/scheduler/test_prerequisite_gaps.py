@@ -57,7 +57,7 @@ def test_a_restore_is_scored_by_its_sequence_with_a_mixed_graph():
     rest = GraphShape(GraphKind.RESTORE, 1)
     table = {decode(1): 10, decode(4): 12, prefill(64): 30, m4: 31, rest: 1, SNAP: 2}
     s, restored = _restored_prompt_among_decoders(table)
-    view = current_view(s)
+    view = current_view(s.selection, s.now_ns)
     coeff = derived(s)[2]
     costs = cost_lookup(s.costs, s.now_ns)
     budget = Budget(s.resources.free_slots, s.resources.free_pages)
