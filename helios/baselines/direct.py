@@ -141,7 +141,7 @@ class DirectScheduler(BaselineScheduler):
         if view is None:
             return None
         winner = best(decode_candidates(self.memo, self.shapes.decode, cost_lookup(self.costs, now), view.decode, view.waiting))
-        return plan_from(self.selection, winner, view, now, self._stamp)
+        return plan_from(self.selection, winner, view, now, self.marks.stamp)
 
     def _on_commit(self, plan: ScheduledPlan) -> dict:
         self._last_decode = plan.shape.kind is GraphKind.DECODE

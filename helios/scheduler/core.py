@@ -71,15 +71,7 @@ class Scheduler:
         self.traces = TraceLog(4096, self.exploration.refresh.den, self.exploration.learning.den)
         self.now_ns = 0
         self._next_handle = 0
-        self._last_fence: Fence | None = None
-        self._decisions = 0  # served lanes record it: 0 is "never served"
-        # Moved by every call that can change the table (admit, cancel, commit, completion,
-        # preempt): a plan made at the current stamp still has the rows, epochs and versions it
-        # read (ScheduledPlan.resolved), and commit need not look them up again.
-        self._stamp = 0
-        # (fence, stamp, handles, rows) of the last completion's bursts: a publication of exactly
-        # those handles, before any call changes the table, reuses their rows (published_outputs).
-        self._bursts: tuple | None = None
+        self.marks = execution.Marks()  # the table's stamp, decisions, last fence, last bursts
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
         self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
@@ -102,6 +94,15 @@ class Scheduler:
             self.requests, self.resources, self.queue, self.publications, self.prereqs, self.costs, self.estimates,
             self.shapes, self.policy, self.study, self.config, self.speculation, self.source, self.memo,
             self.exploration)
+        self.execution = execution.ExecutionInputs(  # what commit, complete* and published_outputs read
+            self.requests, self.resources, self.queue, self.publications, self.prereqs, self.costs, self.estimates,
+            self.exploration, self.traces, self.stats, self.config, self.policy, self.study, self.memo,
+            self.speculation, self.source, self.marks, self._retire_idle, self._retired_set)
+
+    # The marks, by their former names (tests, baselines).
+    _stamp = property(lambda self: self.marks.stamp)
+    _last_fence = property(lambda self: self.marks.last_fence)
+    _bursts = property(lambda self: self.marks.bursts)
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -123,7 +124,7 @@ class Scheduler:
         if self.resources.extent_pages(request) > self.resources.total_pages:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
         checked = self.prereqs.check(request, lambda: self._max_chunk(request))
-        self._stamp += 1  # validated: the table changes
+        self.marks.stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
         # With the mean-rate law, the starting rate counts as one adaptation time of history.
@@ -164,7 +165,7 @@ class Scheduler:
             raise UnknownRequest(f"unknown request handle {handle}")
         if t.phase[row] == DONE:
             return
-        self._stamp += 1
+        self.marks.stamp += 1
         t.cancelled[row] = True
         t.set_finish(row, reason)
         t.update_phase([row])
@@ -194,7 +195,7 @@ class Scheduler:
 
     # ---- planning (selection.py) -------------------------------------------------------
     def plan(self) -> ScheduledPlan | None:
-        return selection.plan(self.selection, self.now_ns, self._stamp)  # the view, candidates, the winner
+        return selection.plan(self.selection, self.now_ns, self.marks.stamp)  # the view, candidates, the winner
 
     # Accessors of the estimates-only values (estimates.py), cached against the cost table.
     def _normalizers(self) -> Normalizers:
@@ -214,24 +215,24 @@ class Scheduler:
 
     # ---- commit and completion (execution.py) ------------------------------------------
     def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
-        execution.commit(self, plan, fence)
+        execution.commit(self.execution, plan, fence, self.now_ns)
 
     def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:
         """Validate every lane first; a bad completion raises and changes nothing."""
-        return execution.complete(self, fence, records, timing, None, None)
+        return execution.complete(self.execution, fence, records, timing, None, None, self.now_ns)
 
     def complete_with_survival(self, fence: Fence, records, timing: ExecutionTiming, survival) -> list[GeneratedToken]:
         """As complete(); `survival` maps handles to completion_speculative_survival rows."""
-        return execution.complete(self, fence, records, timing, None, survival)
+        return execution.complete(self.execution, fence, records, timing, None, survival, self.now_ns)
 
     def complete_packed_round(self, fence: Fence, records, timing: ExecutionTiming, confidence) -> list[GeneratedToken]:
         """Complete a device-allocated round with its FP32 [2, slots, draft_capacity] sidecar
         (or one per rank, rank 0 first; rank 0 drives host decisions)."""
-        return execution.complete(self, fence, records, timing, confidence, None)
+        return execution.complete(self.execution, fence, records, timing, confidence, None, self.now_ns)
 
     def complete_packed_round_with_survival(self, fence: Fence, records, timing: ExecutionTiming,
                                             confidence, survival) -> list[GeneratedToken]:
-        return execution.complete(self, fence, records, timing, confidence, survival)
+        return execution.complete(self.execution, fence, records, timing, confidence, survival, self.now_ns)
 
     def sidecar_shape(self) -> tuple[int, int, int]:
         return (2, self.config.request_slots, self.config.draft_capacity)
@@ -243,7 +244,7 @@ class Scheduler:
         self.advance_to(now_ns)
         self.publications.flush()
         self.state.preempt(self.requests, handle, now_ns)
-        self._stamp += 1
+        self.marks.stamp += 1
 
     @property
     def preempts(self) -> bool:
@@ -311,4 +312,4 @@ class Scheduler:
         """`published_output(h, fence)` for each of `handles`, in order, in one call: a frame's
         bursts are usually published together. Checked before anything is recorded: an unknown
         handle raises and records none of them (a retired one is skipped, as alone)."""
-        execution.publish(self, handles, fence)
+        execution.publish(self.execution, handles, fence, self.now_ns)

@@ -3,12 +3,14 @@ commit validates a plan against the table and queues its frame; completion valid
 frame's records, applies them (completion.py) and runs the prerequisite kinds' completion steps
 (prerequisite_kinds.py) and retirement; publication reports delivered bursts to the service accounting.
 
-Functions of the scheduler; the Scheduler methods are thin calls into them.
+Functions of `ExecutionInputs` (the scheduler's parts that commit, completion and publication
+read or move) and the time; the Scheduler methods are thin calls into them.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import Callable
 
 import numpy as np
 
@@ -24,61 +26,101 @@ from helios.scheduler.prerequisite import Completed
 from helios.scheduler.utility import count_nonzero
 
 
-def commit(sched, plan: ScheduledPlan, fence: Fence) -> None:
+@dataclass(slots=True)
+class Marks:
+    """What commit, completion and the scheduler's other calls move."""
+
+    # Moved by every call that can change the table (admit, cancel, commit, completion, preempt):
+    # a plan made at the current stamp still has the rows, epochs and versions it read
+    # (ScheduledPlan.resolved), and commit need not look them up again.
+    stamp: int = 0
+    decisions: int = 0  # served lanes record it: 0 is "never served"
+    last_fence: Fence | None = None
+    # (fence, stamp, handles, rows) of the last completion's bursts: a publication of exactly those
+    # handles, before any call changes the table, reuses their rows (publish).
+    bursts: tuple | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutionInputs:
+    """What commit, completion and publication read or move of the scheduler: its parts, by
+    reference (the Scheduler builds one), its marks, and how a row retires."""
+
+    requests: object  # RequestTable
+    resources: object  # ResourcePool
+    queue: object  # ExecutionQueue
+    publications: object  # Publications
+    prereqs: object  # Prerequisites
+    costs: object  # CostTable, or a baseline's
+    estimates: object  # Estimates
+    exploration: object  # Exploration
+    traces: object  # TraceLog
+    stats: object  # ExecutionStats
+    config: object  # SchedulerConfig
+    policy: object  # PolicyConfig
+    study: object  # StudyConfig
+    memo: object  # Memo
+    speculation: object  # SpeculationModel
+    source: object  # ProposalSource
+    marks: Marks
+    retire: Callable  # rows -> None: retire the rows that are done and idle (Scheduler._retire_idle)
+    retired: set  # handles retired recently (a publication may still name them)
+
+
+def commit(ex: ExecutionInputs, plan: ScheduledPlan, fence: Fence, now: int) -> None:
     """Scheduler.commit: validate everything, then queue the frame and record its trace. Spec,
     "Planning and the execution queue": commit checks ownership, epochs, resource availability and
     feedback dependencies without rerunning selection."""
-    plan = _check_window(sched, plan, fence)
-    rows, handles, unique, new = _check_lanes(sched, plan)
-    newcomers = _check_resources(sched, rows, new)
-    owners = sched.prereqs.check_commit(plan)  # prerequisite kinds whose plan this is (private rows)
+    plan = _check_window(ex, plan, fence, now)
+    rows, handles, unique, new = _check_lanes(ex, plan)
+    newcomers = _check_resources(ex, rows, new)
+    owners = ex.prereqs.check_commit(plan)  # prerequisite kinds whose plan this is (private rows)
     # Validated: mutate.
-    sched._stamp += 1
+    ex.marks.stamp += 1
     for kind in owners:
         kind.committed(plan)
     if newcomers is not None:
-        sched.resources.acquire(sched.requests, newcomers)
-        sched.requests.resident_ns[newcomers] = sched.now_ns  # the preemption quantum starts here
-    _queue_frame(sched, plan, fence, rows, unique)
-    sched._last_fence = fence
-    refresh, learning = sched.exploration.credit_units()  # before this plan's episode opens
-    sched.exploration.committed(plan.shape, plan.reason, fence, sched.now_ns)
+        ex.resources.acquire(ex.requests, newcomers)
+        ex.requests.resident_ns[newcomers] = now  # the preemption quantum starts here
+    _queue_frame(ex, plan, fence, rows, unique, now)
+    ex.marks.last_fence = fence
+    refresh, learning = ex.exploration.credit_units()  # before this plan's episode opens
+    ex.exploration.committed(plan.shape, plan.reason, fence, now)
     # The trace's PlanTrace is built only when read (tracelog.py); `handles` is this call's own list.
-    sched.traces.record((fence, plan.shape, handles, plan.estimated_duration_ns,
-                         sched.costs.observation_age_ns(plan.shape, sched.now_ns), plan.reason,
-                         plan.score, plan.log_scale, sched.now_ns, refresh, learning))
+    ex.traces.record((fence, plan.shape, handles, plan.estimated_duration_ns,
+                         ex.costs.observation_age_ns(plan.shape, now), plan.reason,
+                         plan.score, plan.log_scale, now, refresh, learning))
 
 
-def _check_window(sched, plan: ScheduledPlan, fence: Fence) -> ScheduledPlan:
+def _check_window(ex: ExecutionInputs, plan: ScheduledPlan, fence: Fence, now: int) -> ScheduledPlan:
     """The fence, the queue the plan was made against, room in the window, exploration credit and
     the estimate's freshness (rechecked: a saved plan can outlive the freshness interval, and a
     stale dispatch needs an empty queue and completion feedback). Returns the plan to queue."""
-    now = sched.now_ns
-    if not isinstance(fence, int) or (sched._last_fence is not None and fence <= sched._last_fence):
-        raise StalePlan(f"fence {fence!r} must be an integer greater than {sched._last_fence}")
-    if plan.queue_fences != sched.queue.fences():
+    if not isinstance(fence, int) or (ex.marks.last_fence is not None and fence <= ex.marks.last_fence):
+        raise StalePlan(f"fence {fence!r} must be an integer greater than {ex.marks.last_fence}")
+    if plan.queue_fences != ex.queue.fences():
         raise StalePlan("the execution queue changed since this plan was made")
-    if len(sched.queue) and (plan.requires_feedback or not sched.queue.accepts_more(now)):
+    if len(ex.queue) and (plan.requires_feedback or not ex.queue.accepts_more(now)):
         raise QueueFull("the plan needs an empty window, or the queue has no room")
-    ledger = sched.exploration.ledger(plan.reason)
+    ledger = ex.exploration.ledger(plan.reason)
     if ledger is not None and not ledger.funded():
         raise StalePlan(f"the {plan.reason.value} credit was spent since planning")
-    state = sched.costs.state(plan.shape, now)
+    state = ex.costs.state(plan.shape, now)
     if state is not CostState.FRESH:
-        if len(sched.queue):
+        if len(ex.queue):
             raise StalePlan(f"the cost of {plan.shape.label()} went stale after planning")
         if not plan.requires_feedback:
             plan = replace(plan, requires_feedback=True, stale_cost=True)
     return plan
 
 
-def _check_lanes(sched, plan: ScheduledPlan):
+def _check_lanes(ex: ExecutionInputs, plan: ScheduledPlan):
     """Ownership and epochs: every lane's request is still runnable at the epoch and version it
     was planned at. Returns (rows, handles, unique, new): the lanes' table rows, their handles
     (for the trace), whether the rows are distinct, and which lanes have no slot yet."""
-    t, lanes = sched.requests, plan.lanes
+    t, lanes = ex.requests, plan.lanes
     res = plan.resolved
-    if res is not None and res[0] is t and res[1] == sched._stamp and res[2] is lanes:
+    if res is not None and res[0] is t and res[1] == ex.marks.stamp and res[2] is lanes:
         # Nothing changed the table since planning: the planned rows (distinct, live decode or
         # prompt rows) still hold these requests at these epochs and versions, and their slots
         # are the lanes' slot column. The trace turns the read-only handle column into a list.
@@ -91,7 +133,7 @@ def _check_lanes(sched, plan: ScheduledPlan):
         raise StalePlan(f"request {lanes.handle[found.index(None)]} is no longer runnable") from None
     done = t.phase[rows] == DONE
     if plan.shape.kind is GraphKind.SNAPSHOT:  # terminal captures retire through this graph
-        done &= ~np.array([sched.prereqs.holds(h) for h in handles], dtype=bool)
+        done &= ~np.array([ex.prereqs.holds(h) for h in handles], dtype=bool)
     bad = done | (t.epoch[rows] != lanes.epoch) | (t.version[rows] != lanes.version)
     if count_nonzero(bad):
         i = int(np.argmax(bad))
@@ -100,33 +142,33 @@ def _check_lanes(sched, plan: ScheduledPlan):
     return rows, handles, len(set(found)) == len(found), t.slot[rows] == NO_SLOT
 
 
-def _check_resources(sched, rows, new):
+def _check_resources(ex: ExecutionInputs, rows, new):
     """Resource availability: slots and page extents for the lanes' requests without a slot.
     Returns their rows (None: every lane is resident)."""
     if not count_nonzero(new):
         return None
     newcomers = rows[new]
-    need = sum(sched.resources.extent_pages_of(sched.requests, newcomers).tolist())
-    if len(newcomers) > sched.resources.free_slots or need > sched.resources.free_pages:
+    need = sum(ex.resources.extent_pages_of(ex.requests, newcomers).tolist())
+    if len(newcomers) > ex.resources.free_slots or need > ex.resources.free_pages:
         raise StalePlan("not enough free slots or pages for the plan's new requests")
     return newcomers
 
 
-def _queue_frame(sched, plan: ScheduledPlan, fence: Fence, rows, unique: bool) -> None:
+def _queue_frame(ex: ExecutionInputs, plan: ScheduledPlan, fence: Fence, rows, unique: bool, now: int) -> None:
     """The frame's queued service on its rows, its participants (every live request: resident
     runnable and waiting), the commit-time normalizers, and the frame in the queue."""
-    t, lanes, now = sched.requests, plan.lanes, sched.now_ns
+    t, lanes = ex.requests, plan.lanes
     snapshot = plan.shape.kind is GraphKind.SNAPSHOT
-    isolated = not len(sched.queue)
-    start = sched.queue.expected_end_ns(now)
+    isolated = not len(ex.queue)
+    start = ex.queue.expected_end_ns(now)
     end = None if plan.estimated_duration_ns is None else start + plan.estimated_duration_ns
-    sched._decisions += 1
+    ex.marks.decisions += 1
     if count_nonzero(lanes.prompt_tokens):  # decode lanes queue no prompt
         t.queued_prompt[rows] += lanes.prompt_tokens
     t.queued_output[rows] += lanes.output_rows
     t.inflight[rows] += 1
     t.version[rows] += 1
-    t.last_served_seq[rows] = sched._decisions
+    t.last_served_seq[rows] = ex.marks.decisions
     if not snapshot and unique and t.live_count() == len(rows):
         # The lanes are every live request (the steady state; none is done, so they are
         # live): the lane rows, handles and epochs are the participants', and completion's
@@ -135,52 +177,52 @@ def _queue_frame(sched, plan: ScheduledPlan, fence: Fence, rows, unique: bool) -
     else:
         participants = t.live_rows()  # the table's cached live rows, not another scan
         p_handles, p_epochs = t.handle[participants], t.epoch[participants]
-    sched.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
-                           p_handles, p_epochs, sched.estimates.get()[1], None if snapshot else t.turnover))
+    ex.queue.push(Frame(fence, plan, plan.reason, now, end, isolated, rows, participants,
+                           p_handles, p_epochs, ex.estimates.get()[1], None if snapshot else t.turnover))
 
 
-def complete(sched, fence, records, timing, confidence, survival) -> list[GeneratedToken]:
+def complete(ex: ExecutionInputs, fence, records, timing, confidence, survival, now: int) -> list[GeneratedToken]:
     """Every Scheduler.complete* call: validate every lane first; a bad completion raises and changes nothing."""
-    checked = validate_completion(sched.queue, sched.requests, fence, records, timing, confidence, survival,
-                                  None if confidence is None else sched.sidecar_shape())
-    sched._stamp += 1  # validated: the table changes
-    sched.publications.flush()  # validation reads no rate: a rejected completion changes nothing
-    sched.queue.pop()
-    out, some_done, bursts = apply_completion(sched, checked, timing, confidence, survival)
-    prereqs = sched.prereqs
+    checked = validate_completion(ex.queue, ex.requests, fence, records, timing, confidence, survival,
+                                  None if confidence is None else (2, ex.config.request_slots, ex.config.draft_capacity))
+    ex.marks.stamp += 1  # validated: the table changes
+    ex.publications.flush()  # validation reads no rate: a rejected completion changes nothing
+    ex.queue.pop()
+    out, some_done, bursts = apply_completion(ex, checked, timing, confidence, survival, now)
+    prereqs = ex.prereqs
     # No row retires below unless some lane is done or a prerequisite kind retires one; a kind's
     # completion (a terminal capture) may edit `out`.
-    sched._bursts = (None if bursts is None or some_done or prereqs.edits_output
-                     else (fence, sched._stamp, *bursts))
+    ex.marks.bursts = (None if bursts is None or some_done or prereqs.edits_output
+                     else (fence, ex.marks.stamp, *bursts))
     if prereqs.completes:  # a catalog without snapshot, restore or vision graphs pays nothing here
-        t = sched.requests
-        out = prereqs.completed(Completed(t, checked.frame.plan, fence, timing, sched.costs, sched.now_ns,
-                                          lambda row: sched.resources.release(t, row)), out)
+        t = ex.requests
+        out = prereqs.completed(Completed(t, checked.frame.plan, fence, timing, ex.costs, now,
+                                          lambda row: ex.resources.release(t, row)), out)
     rows = checked.frame.rows
     if some_done or prereqs.may_retire():  # else every lane is still live: none can retire
-        sched._retire_idle(rows)
+        ex.retire(rows)
     # A lane still live is something left to run (state operations end no request).
-    if not len(sched.queue) and (some_done or not len(rows)) and not sched.requests.live_count():
-        sched.exploration.idle()  # nothing left to run: idle discards positive credit
+    if not len(ex.queue) and (some_done or not len(rows)) and not ex.requests.live_count():
+        ex.exploration.idle()  # nothing left to run: idle discards positive credit
     return out
 
 
-def publish(sched, handles, fence: Fence) -> None:
+def publish(ex: ExecutionInputs, handles, fence: Fence, now: int) -> None:
     """Scheduler.published_outputs: checked before anything is recorded."""
     if type(fence) is not int:
         raise InvalidRequest(f"a publication names an integer fence, got {fence!r}")
-    bursts = sched._bursts
-    if (bursts is not None and bursts[0] == fence and bursts[1] == sched._stamp and type(handles) is list
+    bursts = ex.marks.bursts
+    if (bursts is not None and bursts[0] == fence and bursts[1] == ex.marks.stamp and type(handles) is list
             and handles and handles == bursts[2]):
         # Every burst of the last completion, in order, with the table as it left it: the
         # frame's rows are these handles' rows (an ndarray, which the flush takes as it is).
-        sched.publications.reported.append((bursts[3], fence, sched.now_ns))
+        ex.publications.reported.append((bursts[3], fence, now))
         return
-    rows = list(map(sched.requests.index.get, handles))
+    rows = list(map(ex.requests.index.get, handles))
     if None in rows:
-        known = [r is not None or h in sched._retired_set for h, r in zip(handles, rows)]
+        known = [r is not None or h in ex.retired for h, r in zip(handles, rows)]
         if not all(known):
             raise UnknownRequest(f"unknown request handle {handles[known.index(False)]}")
         rows = [r for r in rows if r is not None]
     if rows:
-        sched.publications.reported.append((rows, fence, sched.now_ns))
+        ex.publications.reported.append((rows, fence, now))
