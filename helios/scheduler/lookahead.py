@@ -91,4 +91,9 @@ def two_stage(newly, ready, terminal, prereq_capacity: int, follow_capacity: int
 def _better(a: TwoStage | None, b: TwoStage) -> TwoStage:
     if a is None:
         return b
-    return b if (b.score, b.advanced) > (a.score, a.advanced) else a
+    # Equal rates prefer advancing more requests. Equal up to rounding: the same contributions
+    # summed in another order (k newly ready rows and one ready row against k - 1 and two, when a
+    # newly ready and a ready row contribute alike) differ in the last bits.
+    if abs(b.score - a.score) <= 1e-12 * max(abs(a.score), abs(b.score)):
+        return b if b.advanced > a.advanced else a
+    return b if b.score > a.score else a
