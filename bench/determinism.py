@@ -10,8 +10,8 @@ per configuration and exits 1 when any result differs.
 
 The trace runs never plan a state operation (their catalogs have no snapshot or restore graph), so
 SYNTHETIC adds hand-stepped runs on a virtual clock (`drive`) over a small measured catalog with
-snapshot, restore and vision graphs: cached prefixes restored before their prefill, preemption
-(automatic and explicit), anchor cuts at message endpoints, terminal captures, vision windows with
+snapshot, restore and vision graphs: cached prefixes restored before their prefill, automatic
+preemption, anchor cuts at message endpoints, terminal captures, vision windows with
 their private snapshots, and cancellations, each frame recorded with its lanes, score and scale.
 """
 
@@ -90,8 +90,8 @@ def _request(rng: random.Random, images: float) -> RequestSpec:
 
 
 def drive(slots: int, fraction: float, preempt: bool, n: int, images: float, seed: int) -> dict:
-    """A hand-stepped run: seeded arrivals, durations within 20% of the table, up to two frames in
-    flight, a cancellation now and then, an explicit preemption now and then."""
+    """A hand-stepped run through the protocol alone: seeded arrivals, durations within 20% of the
+    table, up to two frames in flight, a cancellation now and then, automatic preemption."""
     rng = random.Random(seed)
     policy = PreemptionConfig(PreemptionPolicy.PRICE, quantum_ms=20.0) if preempt else PreemptionConfig()
     s = Scheduler(Catalog(PREREQ_TABLE), config=SchedulerConfig(
@@ -107,12 +107,6 @@ def drive(slots: int, fraction: float, preempt: bool, n: int, images: float, see
             k += 1
         if handles and rng.random() < 0.03:
             s.cancel(handles[rng.randrange(len(handles))], now)
-        live = [h for h in handles if s.is_live(h)]
-        if preempt and live and rng.random() < 0.05:
-            h = live[rng.randrange(len(live))]
-            row = s.request_row(h)
-            if row.phase.name == "DECODE" and row.slot is not None and not s.state.holds(h):
-                s.preempt(h, now)
         victims = s.preempt_due(now)
         while (p := s.plan()) is not None:
             fence += 1
