@@ -74,7 +74,8 @@ def commit(ex: ExecutionInputs, plan: ScheduledPlan, fence: Fence, now: int) -> 
     plan = _check_window(ex, plan, fence, now)
     rows, handles, unique, new = _check_lanes(ex, plan)
     newcomers = _check_resources(ex, rows, new)
-    owners = ex.prereqs.check_commit(plan)  # prerequisite kinds whose plan this is (private rows)
+    # The prerequisite kinds whose plan this is, each checked (private window rows).
+    owners = ex.prereqs.check_commit(plan) if ex.prereqs.active else ()
     # Validated: mutate.
     ex.marks.stamp += 1
     for kind in owners:
@@ -199,7 +200,7 @@ def complete(ex: ExecutionInputs, fence, records, timing, confidence, survival, 
         out = prereqs.completed(Completed(t, checked.frame.plan, fence, timing, ex.costs, now,
                                           lambda row: ex.resources.release(t, row)), out)
     rows = checked.frame.rows
-    if some_done or prereqs.may_retire():  # else every lane is still live: none can retire
+    if some_done or (prereqs.active and prereqs.may_retire()):  # else every lane is still live: none can retire
         ex.retire(rows)
     # A lane still live is something left to run (state operations end no request).
     if not len(ex.queue) and (some_done or not len(rows)) and not ex.requests.live_count():

@@ -63,6 +63,7 @@ class Prerequisites:
         on = {n: k for n, k in self.kinds.items() if k.enabled}
         self._steps = {hook: tuple(getattr(on[n], m) for n, m in steps if n in on) for hook, steps in ORDER.items()}
         self.edits_output = any(k.edits_output for k in on.values())
+        self.active = bool(on)  # some kind is enabled (else every hook but `check` is empty)
         self.proposes = bool(self._steps["candidates"])  # some kind plans candidates
         self.completes = bool(self._steps["completed"])  # some kind has a completion step
         s = self._steps
@@ -98,7 +99,10 @@ class Prerequisites:
 
     # ---- the planning view and candidates ---------------------------------------------------
     def pending(self) -> bool:
-        return any(step() for step in self._pending)
+        for step in self._pending:
+            if step():
+                return True
+        return False
 
     def hold_back(self, t, rows: np.ndarray) -> np.ndarray:
         for step in self._hold_back:
@@ -106,14 +110,20 @@ class Prerequisites:
         return rows
 
     def log_scale(self, t, coeff) -> float:
-        return max((step(t, coeff) for step in self._log_scale), default=-math.inf)
+        floor = -math.inf
+        for step in self._log_scale:
+            floor = max(floor, step(t, coeff))
+        return floor
 
     def restrict(self, view, t) -> None:
         for step in self._restrict:
             step(view, t)
 
     def waiting(self, log_scale: float) -> float:
-        return sum(step(log_scale) for step in self._waiting)
+        extra = 0.0
+        for step in self._waiting:
+            extra += step(log_scale)
+        return extra
 
     def candidates(self, inputs: PlanInputs, view, costs) -> list:
         out = []
@@ -127,7 +137,10 @@ class Prerequisites:
         return tuple(step.__self__ for step in self._check_commit if step(plan))
 
     def may_retire(self) -> bool:
-        return any(step() for step in self._may_retire)
+        for step in self._may_retire:
+            if step():
+                return True
+        return False
 
     def completed(self, done: Completed, out: list) -> list:
         for step in self._completed:

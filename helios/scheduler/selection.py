@@ -7,6 +7,7 @@ table's stamp, bottom-up; `Scheduler.plan` is a thin call into `plan`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,17 +71,20 @@ def current_view(sched: SelectionInputs, now_ns: int) -> PlanningView | None:
     sched.publications.flush()
     prereqs = sched.prereqs
     # Requests waiting for prerequisite work (a restore, a window operation, an anchor snapshot).
-    live = prereqs.hold_back(sched.requests, sched.requests.live_rows())
+    live = sched.requests.live_rows()
+    if prereqs.active:  # a catalog without state or vision graphs (or a baseline) has none
+        live = prereqs.hold_back(sched.requests, live)
     if not len(live) and not prereqs.pending():
         return None
-    decode, norm, coeff = derived(sched)
-    floor = prereqs.log_scale(sched.requests, coeff)  # lanes priced outside the view's pools
+    decode, norm, coeff = sched.estimates.get()
+    floor = prereqs.log_scale(sched.requests, coeff) if prereqs.active else -math.inf  # lanes outside the pools
     view = build_view(sched.requests, live, sched.queue, sched.policy, sched.study, coeff, decode, norm,
                       sched.resources, sched.queue.expected_end_ns(now_ns), sched.config.max_context,
                       sched.config.selection_slots,
                       (sched.speculation, sched.source) if sched.shapes.rounds else None, floor,
                       defer_prompts=bool(sched.shapes.mixed), memo=sched.memo.decay)
-    prereqs.restrict(view, sched.requests)  # legal chunk ends (images, planned cuts)
+    if prereqs.active:
+        prereqs.restrict(view, sched.requests)  # legal chunk ends (images, planned cuts)
     return view
 
 
