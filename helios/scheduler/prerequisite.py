@@ -58,9 +58,9 @@ class Prerequisite:
     edits_output = False  # its completion step may change the frame's generated tokens
 
     # ---- admission and retirement --------------------------------------------------------
-    def check(self, request, max_chunk: int):
+    def check(self, request, max_chunk):
         """Validate a request before anything changes (raise InvalidRequest); returns what
-        `admitted` needs."""
+        `admitted` needs. `max_chunk()`: the most prompt tokens one chunk of its kind can take."""
         return None
 
     def admitted(self, handle, request, checked, estimate_ns) -> None:

@@ -72,7 +72,7 @@ class Prerequisites:
         self._check_commit, self._may_retire, self._completed = s["check_commit"], s["may_retire"], s["completed"]
 
     # ---- admission and retirement --------------------------------------------------------
-    def check(self, request, max_chunk: int) -> dict:
+    def check(self, request, max_chunk) -> dict:
         """Every kind's admission check, enabled or not (a request a disabled kind would need is refused)."""
         return {n: k.check(request, max_chunk) for n, k in self.kinds.items()}
 

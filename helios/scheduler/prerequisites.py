@@ -278,7 +278,7 @@ class StateKind(Prerequisite):
         self.ops.forget(handle)
 
     def holds(self, handle) -> bool:
-        return handle in self.ops.captures
+        return self.ops.holds(handle)
 
     def pending(self) -> bool:
         return bool(self.ops.captures or self.ops.restoring)
