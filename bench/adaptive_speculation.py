@@ -32,7 +32,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from helios.config import AcceptanceEstimate, SchedulerConfig, SpeculationMode, preset
+from helios.config import AcceptanceEstimate, SchedulerConfig, SpeculationMode, preset, study_preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
@@ -64,8 +64,9 @@ def _simulation(concurrency, widths, mode, seed, output, policy, prior=None, acc
                 until_ns=None, estimate=AcceptanceEstimate.CONDITIONAL, instrument=None):
     cat = catalog(widths, 64)
     model = SyntheticCostModel.realistic_small()
-    config = SchedulerConfig(kv_pages=1 << 16, speculation=mode, acceptance_estimate=estimate)
-    s = Scheduler(cat, replace(preset(policy), estimate_ttl_ns=TTL_NS), config)
+    config = SchedulerConfig(kv_pages=1 << 16, speculation=mode)
+    s = Scheduler(cat, replace(preset(policy), estimate_ttl_ns=TTL_NS), config,
+                  study=replace(study_preset(policy), acceptance_estimate=estimate))
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
     if prior is not None:
         s.seed_acceptance(prior)

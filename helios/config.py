@@ -121,19 +121,23 @@ class PreemptionConfig:
 
 
 class SchedulerPolicy(Enum):
-    """The spec's presets for `--scheduler-policy`."""
+    """`--scheduler-policy`: the spec's presets, and `spec`, which reproduces its table exactly.
+
+    BALANCED: the table with the measured deviations of docs/scheduling-utility.md ("Deviations
+    from the spec"): tau = 50 ms, time-scaled prices, priced stalls and the deferred step.
+    THROUGHPUT: BALANCED without delivery fairness and output-age price (the spec's throughput preset).
+    SPEC: the spec's table as written, with every study switch off (StudyConfig.spec()).
+    """
 
     BALANCED = "balanced"
     THROUGHPUT = "throughput"
-
-
-_FLAGS = ("phase_normalized", "stall_pricing", "served_stall_pricing", "deferred_step_pricing", "gradient_prompt_price",
-          "fairness_time_scale")
+    SPEC = "spec"
 
 
 @dataclass(frozen=True, slots=True)
 class PolicyConfig:
-    """The spec's preference coefficients ("Policy preferences"), in value units per ms."""
+    """What an operator chooses: the spec's preference coefficients ("Policy preferences"), in
+    value units per ms. `PolicyConfig()` is the balanced preset; `preset("spec")` is the spec's table."""
 
     output_token_value: float = 64.0
     token_fairness: float = 16.0
@@ -141,12 +145,43 @@ class PolicyConfig:
     decode_age_price: float = 0.1
     terminal_value: float = 256.0
     terminal_age_price: float = 1.0
-    adaptation_ms: float = 100.0
+    # The table's 100 ms assumes graphs of a few ms; 50 ms was measured for graphs of tens to
+    # hundreds of ms (docs/scheduling-utility.md section 5); preset("spec") keeps 100.
+    adaptation_ms: float = 50.0
     estimate_ttl_ns: int = 30_000_000_000
     adaptive_verification_alpha: float = 1.0
-    # Beyond the spec's table (docs/scheduling-utility.md derives each; the ablation measures them):
-    # service rates normalized by the measured reference rate of the request's current phase
-    # (False: physical tokens/ms, the pre-issue-12 behaviour).
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ConfigError(f.name, f"must be a number, got {value!r}")
+            if not math.isfinite(value) or value < 0:
+                raise ConfigError(f.name, f"must be finite and nonnegative, got {value!r}")
+        if self.adaptive_verification_alpha <= 0:
+            raise ConfigError("adaptive_verification_alpha", "must be greater than zero")
+        if self.adaptation_ms <= 0:
+            raise ConfigError("adaptation_ms", "must be greater than zero")
+        if self.estimate_ttl_ns <= 0 or int(self.estimate_ttl_ns) != self.estimate_ttl_ns:
+            raise ConfigError("estimate_ttl_ns", "must be a positive whole number of nanoseconds")
+
+
+_STUDY_FLAGS = ("phase_normalized", "stall_pricing", "served_stall_pricing", "deferred_step_pricing",
+                "gradient_prompt_price", "fairness_time_scale")
+
+
+@dataclass(frozen=True, slots=True)
+class StudyConfig:
+    """Study and ablation switches beyond the spec's table, apart from what an operator chooses.
+
+    `flare run` does not expose them; `flare sim` sets them by name with
+    `--scheduler 'helios-balanced[key=value]'`. `StudyConfig()` is what the balanced and throughput
+    presets serve; `StudyConfig.spec()` is the spec as written. docs/scheduling-utility.md
+    ("Deviations from the spec") gives each switch's measured reason.
+    """
+
+    # Service rates normalized by the measured reference rate of the request's current phase
+    # (the spec's "token and delivery normalizers"; False: physical tokens/ms, the pre-issue-12 rates).
     phase_normalized: bool = True
     # Price an excluded decoder's stall by the growth of its own fairness and delivery prices over
     # the candidate's duration, e^(T/tau) - 1, as a waiting prompt's price grows.
@@ -166,49 +201,53 @@ class PolicyConfig:
     # Calibrate f and g to the measured time scale: scale both down (never up) so that a stream at
     # the reference decode rate r_d has a fairness price f/x of at most beta. The table's f = 16
     # and beta = 64 balance at x = 0.25 tokens/ms, a 4-ms decode step; on a 40-ms step f/x is
-    # 10 beta and every token, prompt or output, is priced alike (docs/scheduling-utility.md).
-    fairness_time_scale: bool = False
+    # 10 beta and every token, prompt or output, is priced alike (docs/scheduling-utility.md section 9).
+    fairness_time_scale: bool = True
     # How x moves before a request has history (PromptRateLaw): the table's EWMA, or a mean over the
     # wait, so that a queue of prompts cannot price every decoder out by e^(W/tau).
     prompt_rate_law: PromptRateLaw = PromptRateLaw.EWMA
-    # Off by default, and outside the spec (which rules duration ceilings out): drop a prefill
-    # candidate when the oldest decoder's age + T + one decode step would exceed this many ms.
-    # Kept only as the study's reference point for the ablation.
+    # Outside the spec (which rules duration ceilings out): drop a prefill candidate when the
+    # oldest decoder's age + T + one decode step would exceed this many ms. None: off.
     stall_bound_ms: float | None = None
+    # How acceptance estimates read their observations; CONDITIONAL departs from the spec's
+    # untrained 0.5^d and "unobserved suffixes retain their means" (docs/speculation.md).
+    acceptance_estimate: AcceptanceEstimate = AcceptanceEstimate.CONDITIONAL
 
     def __post_init__(self) -> None:
-        for f in fields(self):
-            value = getattr(self, f.name)
-            if f.name in _FLAGS:
-                if not isinstance(value, bool):
-                    raise ConfigError(f.name, f"must be a bool, got {value!r}")
-                continue
-            if f.name == "stall_bound_ms" and value is None:
-                continue
-            if f.name == "prompt_rate_law":
-                try:
-                    object.__setattr__(self, f.name, PromptRateLaw(value))  # the Enum or its value
-                except ValueError:
-                    names = ", ".join(law.value for law in PromptRateLaw)
-                    raise ConfigError(f.name, f"unknown law {value!r} (choose {names})") from None
-                continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise ConfigError(f.name, f"must be a number, got {value!r}")
-            if not math.isfinite(value) or value < 0:
-                raise ConfigError(f.name, f"must be finite and nonnegative, got {value!r}")
-        if self.adaptive_verification_alpha <= 0:
-            raise ConfigError("adaptive_verification_alpha", "must be greater than zero")
-        if self.adaptation_ms <= 0:
-            raise ConfigError("adaptation_ms", "must be greater than zero")
-        if self.stall_bound_ms is not None and self.stall_bound_ms <= 0:
-            raise ConfigError("stall_bound_ms", "must be positive, or None to disable the bound")
-        if self.estimate_ttl_ns <= 0 or int(self.estimate_ttl_ns) != self.estimate_ttl_ns:
-            raise ConfigError("estimate_ttl_ns", "must be a positive whole number of nanoseconds")
+        for name in _STUDY_FLAGS:
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be a bool, got {getattr(self, name)!r}")
+        for name, enum in (("prompt_rate_law", PromptRateLaw), ("acceptance_estimate", AcceptanceEstimate)):
+            try:
+                object.__setattr__(self, name, enum(getattr(self, name)))  # the Enum or its value
+            except ValueError:
+                names = ", ".join(e.value for e in enum)
+                raise ConfigError(name, f"unknown value {getattr(self, name)!r} (choose {names})") from None
+        bound = self.stall_bound_ms
+        if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
+                                  or not math.isfinite(bound) or bound <= 0):
+            raise ConfigError("stall_bound_ms", f"must be positive, or None to disable the bound, got {bound!r}")
+
+    @staticmethod
+    def spec() -> "StudyConfig":
+        """The spec as written: no stall or deferred-step pricing, the table's f and g, the spec's
+        per-depth acceptance means. Phase normalizers stay: they are the spec's normalizers."""
+        return StudyConfig(stall_pricing=False, served_stall_pricing=False, deferred_step_pricing=False,
+                           fairness_time_scale=False, acceptance_estimate=AcceptanceEstimate.SPEC)
 
 
 # The study of issue 12 (docs/results/h100-70b/report.md, ablation): with priced stalls, 50 ms beat
 # the table's 100 ms (and 25 and 300 ms) on both traces.
 BALANCED_ADAPTATION_MS = 50.0
+SPEC_ADAPTATION_MS = 100.0  # the spec's table
+
+
+def _policy_name(policy: SchedulerPolicy | str) -> SchedulerPolicy:
+    try:
+        return SchedulerPolicy(policy)
+    except ValueError:
+        names = ", ".join(p.value for p in SchedulerPolicy)
+        raise ConfigError("scheduler_policy", f"unknown policy {policy!r} (choose {names})") from None
 
 
 def preset(
@@ -218,24 +257,26 @@ def preset(
     terminal_age_price: float | None = None,
     adaptive_verification_alpha: float | None = None,
 ) -> PolicyConfig:
-    """Build a preset; the terminal overrides apply after the preset, as the spec requires."""
-    try:
-        policy = SchedulerPolicy(policy)
-    except ValueError:
-        names = ", ".join(p.value for p in SchedulerPolicy)
-        raise ConfigError("scheduler_policy", f"unknown policy {policy!r} (choose {names})") from None
-    # The spec's table, with the adaptation time measured for graphs of tens to hundreds of ms
-    # (docs/scheduling-utility.md, "Adaptation time"; docs/server.md): both presets share it.
-    config = PolicyConfig(adaptation_ms=BALANCED_ADAPTATION_MS, fairness_time_scale=True)
+    """Build a preset's coefficients; the terminal overrides apply after the preset, as the spec
+    requires. Its study switches are `study_preset(policy)`."""
+    policy = _policy_name(policy)
+    config = PolicyConfig()  # balanced
     if policy is SchedulerPolicy.THROUGHPUT:
         # Throughput keeps token fairness and output value, drops cadence preferences.
         config = replace(config, delivery_fairness=0.0, decode_age_price=0.0)
+    elif policy is SchedulerPolicy.SPEC:
+        config = replace(config, adaptation_ms=SPEC_ADAPTATION_MS)
     overrides = {
         "terminal_value": terminal_value,
         "terminal_age_price": terminal_age_price,
         "adaptive_verification_alpha": adaptive_verification_alpha,
     }
     return replace(config, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def study_preset(policy: SchedulerPolicy | str = SchedulerPolicy.BALANCED) -> StudyConfig:
+    """A preset's study switches: the spec's for `spec`, the measured deviations otherwise."""
+    return StudyConfig.spec() if _policy_name(policy) is SchedulerPolicy.SPEC else StudyConfig()
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,9 +302,6 @@ class SchedulerConfig:
     # Private snapshot rows for vision windows: a request whose images span several windows
     # reserves one from its first vision graph until its last window is restored (vision.py).
     window_snapshot_rows: int = 64
-    # How acceptance estimates read their observations; CONDITIONAL departs from the spec's
-    # untrained 0.5^d and "unobserved suffixes retain their means" (docs/speculation.md).
-    acceptance_estimate: AcceptanceEstimate = AcceptanceEstimate.CONDITIONAL
     # Automatic preemption (off unless asked for; `flare run` turns it on where the catalog has
     # snapshot and restore graphs). Without them, or with a baseline, it never acts.
     preemption: PreemptionConfig = PreemptionConfig()
@@ -274,12 +312,6 @@ class SchedulerConfig:
                 object.__setattr__(self, "speculation", SpeculationMode(self.speculation))
             except ValueError:
                 raise ConfigError("speculation", f"choose off, fixed or adaptive, got {self.speculation!r}") from None
-        if not isinstance(self.acceptance_estimate, AcceptanceEstimate):
-            try:
-                object.__setattr__(self, "acceptance_estimate", AcceptanceEstimate(self.acceptance_estimate))
-            except ValueError:
-                raise ConfigError("acceptance_estimate",
-                                  f"choose spec or conditional, got {self.acceptance_estimate!r}") from None
         for name in ("copy_proposals", "funded_exploration"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, "must be a bool")
@@ -287,7 +319,7 @@ class SchedulerConfig:
             raise ConfigError("preemption", f"must be a PreemptionConfig, got {self.preemption!r}")
         for f in fields(self):
             if f.name in ("speculation", "copy_proposals", "funded_exploration", "checkpoint_extra_work_fraction",
-                          "acceptance_estimate", "preemption"):
+                          "preemption"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helios.config import PolicyConfig, SchedulerConfig
+from helios.config import PolicyConfig, SchedulerConfig, StudyConfig, preset
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler.core import Scheduler
@@ -79,6 +79,10 @@ class BaselineScheduler(Scheduler):
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, **kwargs):
+        if policy is None:
+            # Without a given policy, the coefficients and switches the baselines have always run
+            # with (what PolicyConfig() was before issue 45): the spec's table, f and g unscaled.
+            policy, kwargs = preset("spec"), {"study": StudyConfig(fairness_time_scale=False), **kwargs}
         super().__init__(catalog, policy, config, **kwargs)
         if not self.shapes.decode or not self.shapes.prefill:
             raise ConfigError("catalog", f"the {self.name} baseline needs decode and prefill graphs")

@@ -137,11 +137,11 @@ class DirectScheduler(BaselineScheduler):
 
     def _decode_round(self, now: int) -> ScheduledPlan | None:
         """Helios's decode selection (policy.decode_candidates over the planning view)."""
-        view = current_view(self)
+        view = current_view(self.selection, now)
         if view is None:
             return None
-        winner = best(decode_candidates(self.shapes.decode, cost_lookup(self.costs, now), view.decode, view.waiting))
-        return plan_from(self, winner, view)
+        winner = best(decode_candidates(self.memo, self.shapes.decode, cost_lookup(self.costs, now), view.decode, view.waiting))
+        return plan_from(self.selection, winner, view, now, self.marks.stamp)
 
     def _on_commit(self, plan: ScheduledPlan) -> dict:
         self._last_decode = plan.shape.kind is GraphKind.DECODE

@@ -20,7 +20,7 @@ from helios.scheduler.utility import count_nonzero
 
 def account_interval(table: RequestTable, frame: Frame, served_tokens, served_outputs: np.ndarray | None,
                      delta_ms: float, tau_ms: float, intact: bool = False, until_served: bool = False,
-                     progress: np.ndarray | None = None) -> None:
+                     progress: np.ndarray | None = None, memo: dict | None = None) -> None:
     """One measured interval of `delta_ms`: every participant of the frame (the live requests
     at its dispatch) gets the service its lanes received (zero when unserved) folded into x.
     `served_tokens` is already normalized by the frame's commit-time reference rates
@@ -55,8 +55,8 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
             rows = rows[keep]
         tokens, produced = tokens[rows], produced[rows]
     log_x = t.log_x[rows]
-    t.log_x[rows] = ewma_log(log_x, delta_ms, tokens, tau_ms)
-    if t.mean_law_rows:  # prompts on the mean-rate law (PolicyConfig.prompt_rate_law)
+    t.log_x[rows] = ewma_log(log_x, delta_ms, tokens, tau_ms, memo)
+    if t.mean_law_rows:  # prompts on the mean-rate law (StudyConfig.prompt_rate_law)
         window = t.rate_window_ms[rows]
         m = (window == window).nonzero()[0]
         if len(m):
@@ -95,9 +95,10 @@ class Publications:
     next read (`flush`): the scheduler flushes at the top of every call that reads or frees a
     row, so the result is the same as applying each publication when it was reported."""
 
-    def __init__(self, table: RequestTable, tau_ms: float):
+    def __init__(self, table: RequestTable, tau_ms: float, memo: dict | None = None):
         self.table = table
         self.tau_ms = tau_ms
+        self.memo = memo  # the scheduler's Memo.decay
         # (rows, fence, time) batches in report order; the scheduler appends to it directly.
         # Rows are a list, or a completion's read-only row array (Scheduler.published_outputs).
         self.reported: list[tuple[list[int] | np.ndarray, Fence, int]] = []
@@ -122,7 +123,7 @@ class Publications:
                 t.last_publication_ns[rows] = time
                 t.has_publication[rows] = True
                 t.has_pending[rows] = False
-                t.log_z[rows] = ewma_log(batch[2], batch[3], 1.0, self.tau_ms)
+                t.log_z[rows] = ewma_log(batch[2], batch[3], 1.0, self.tau_ms, self.memo)
                 return
             if type(rows) is not np.ndarray:
                 rows = np.fromiter(rows, np.int64, len(rows))
@@ -157,4 +158,4 @@ class Publications:
             rows, before = rows[later], before[later]
             if not single:
                 delta = delta[later]
-        t.log_z[rows] = ewma_log(before, delta, 1.0, self.tau_ms)
+        t.log_z[rows] = ewma_log(before, delta, 1.0, self.tau_ms, self.memo)

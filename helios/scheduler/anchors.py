@@ -45,11 +45,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from helios.graphs import GraphKind
-from helios.scheduler.cost import CostState
+from helios.scheduler.cost import CostState, cost_lookup
 from helios.scheduler.lanes import state_lanes
 from helios.scheduler.plan import NO_SLOT, PlanLanes, RequestHandle
 from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.policy import LanePool, finish_candidate
+from helios.scheduler.prerequisite import Prerequisite
 from helios.scheduler.prerequisites import StateCandidate, continuation_index
 from helios.scheduler.requests import DONE, PREFILL, RequestTable
 from helios.scheduler.service import PriceCoefficients, log_prices
@@ -101,9 +102,7 @@ class AnchorState:
 
 @dataclass(slots=True)
 class AnchorCandidate(StateCandidate):
-    """A nonterminal anchor snapshot: builds its plan's lanes."""
-
-    lanes_of: object = None
+    """A nonterminal anchor snapshot."""
 
 
 @dataclass
@@ -225,7 +224,7 @@ class AnchorCuts:
                                 float(ranking[members].sum()), 0.0, t_ms, state)
             c.table_rows, c.lane_values = rows, ranking
             c = finish_candidate(c, pool, waiting)
-            c.lanes_of = _builder(t, self, c)
+            c.lanes_of, c.anchor = _builder(t, self, c), True
             out.append(c)
         return out
 
@@ -251,3 +250,55 @@ def _clipper(states, cursors: list[int], inner):
                     out[j] = min(int(out[j]), a.cuts[k] - cursors[i])
         return out if inner is None else inner(idx, out)
     return clip
+
+
+class AnchorKind(Prerequisite):
+    """Anchor cuts as a prerequisite kind: no chunk passes a planned cut, a prompt at a due cut waits
+    for its anchor snapshot, which competes by the continuation index (AnchorCuts above)."""
+
+    name = "anchors"
+
+    def __init__(self, cuts: AnchorCuts, captures: dict):
+        self.cuts = cuts
+        self.enabled = cuts.enabled
+        self.captures = captures  # the state kind's terminal captures: those copy the request already
+
+    @classmethod
+    def build(cls, b) -> "AnchorKind":
+        state = b.kinds["state"].ops
+        return cls(AnchorCuts.of(b.catalog, b.shapes, state.enabled, b.config.checkpoint_extra_work_fraction),
+                   state.captures)
+
+    def admitted(self, handle, request, checked, estimate_ns) -> None:
+        self.cuts.admitted(handle, request, estimate_ns)
+
+    def forget(self, handle) -> None:
+        self.cuts.forget(handle)
+
+    def excluded(self) -> set:
+        return {h for h, a in self.cuts.requests.items() if a.due is not None}  # a state copy in progress
+
+    def pending(self) -> bool:
+        return bool(self.cuts.requests)
+
+    def hold_back(self, t: RequestTable, rows: np.ndarray) -> np.ndarray:
+        if self.cuts.requests:  # prompts at a cut, or waiting for its anchor snapshot
+            return rows[~self.cuts.not_ready(t, rows)]
+        return rows
+
+    def log_scale(self, t: RequestTable, coeff: PriceCoefficients) -> float:
+        return self.cuts.log_scale(t, coeff) if self.cuts.requests else -math.inf
+
+    def restrict(self, view, t: RequestTable) -> None:
+        if self.cuts.requests:
+            self.cuts.restrict(view, t)  # no chunk passes a planned cut
+
+    def candidates(self, inputs, view, costs) -> list:
+        return self.cuts.candidates(inputs.t, self.captures, costs, inputs.shapes.decode_steps, inputs.coeff,
+                                    view.log_scale, view.waiting)
+
+    def completed(self, done, out: list) -> list:
+        if self.cuts.requests:
+            lookup = cost_lookup(done.costs, done.now_ns)
+            self.cuts.completed(done.t, done.plan, lambda sh: lookup(sh)[1])
+        return out

@@ -40,47 +40,26 @@ class ExecutionStats:
         self.by_shape[shape] = self.by_shape.get(shape, 0) + 1
 
 
-def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
-                     confidence=None, survival=None) -> tuple[list[GeneratedToken], bool, tuple | None]:
+def apply_completion(ex, checked: Checked, timing: ExecutionTiming, confidence, survival,
+                     now: int) -> tuple[list[GeneratedToken], bool, tuple | None]:
     """Apply a validated completion. Returns the tokens to publish, whether some lane of the
     frame is done (cancelled before, or finished now): only then can a lane's row retire, and
     (handles, rows) of the bursts when there is one per lane (else None), in burst order."""
     frame, records, counts = checked.frame, checked.records, checked.token_counts
-    now, t = sched.now_ns, sched.requests
+    t = ex.requests
     plan, shape = frame.plan, frame.plan.shape
     lanes, rows = plan.lanes, frame.rows
     # Nothing finished or was rebound since commit: every lane is live in its planned epoch and
     # every participant still holds its request (RequestTable.turnover).
     intact = frame.turnover == t.turnover
-    interval = timing.device_interval_ns()
-    # timing.cost_sample_ns(), from the interval already aggregated over ranks.
-    sample = None if interval is None else interval - (timing.readiness_delay_ns or 0)
-    sched.costs.observe(shape, sample if sample is not None and sample > 0 else None, now)
-    raw = interval
-    if frame.isolated and timing.wall_ns:
-        raw = max(raw or 0, timing.wall_ns)
-    sched.stats.record(frame, raw)
-    sched.exploration.completed(frame.reason, frame.fence, raw, interval is not None, plan.estimated_duration_ns)
+    interval, raw = _learn_cost(ex, frame, timing, now)
     rounds = shape.kind is GraphKind.SPECULATIVE or (shape.kind is GraphKind.MIXED and shape.token_capacity > 1)
     if rounds:
-        sched.stats.speculative_programs += 1
+        ex.stats.speculative_programs += 1
     prompt = checked.prompt
     # Each successful frame with a positive device interval is one measured interval.
     if interval is not None:
-        # Without prompt tokens the normalized service is the token counts (0 * r_d/r_p + count,
-        # the same floats); one token each is ewma_log's one-per-lane form (log 1 = 0, same values).
-        # On the laws that count only what the user received, a chunk is no service (OUTPUT_EWMA;
-        # on FIRST_OUTPUT the mean law below replaces the prompt rows' EWMA anyway).
-        law = sched.policy.prompt_rate_law
-        credited = lanes.prompt_tokens if law.credits_prompt else 0
-        served = (frame.normalizers.normalized_service(credited, counts) if prompt
-                  else 1.0 if checked.single else counts)
-        # Rows on the mean-rate law count progress toward their first token instead (service.py).
-        progress = (first_token_progress(lanes.prompt_tokens, t.prompt_tokens[rows], counts,
-                                         law.credits_prompt) if t.mean_law_rows else None)
-        account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
-                         sched.policy.adaptation_ms, intact,
-                         law is PromptRateLaw.UNTIL_SERVED, progress)
+        _account_service(ex, checked, raw, intact)
     if prompt:
         t.queued_prompt[rows] -= lanes.prompt_tokens
     t.queued_output[rows] -= lanes.output_rows
@@ -112,7 +91,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
         t.last_publication_ns[provisional] = now
         t.has_publication[provisional] = True
     length = after >= t.max_output[r]
-    finishing = length | (t.prompt_done[r] + after >= sched.config.max_context)
+    finishing = length | (t.prompt_done[r] + after >= ex.config.max_context)
     eos = checked.eos
     if eos is not None:
         eos = eos if whole else eos[act]
@@ -125,7 +104,7 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     if finished or prompt:  # only a finish or prompt progress moves a phase
         t.update_phase(r)
     if rounds:
-        _learn_round(sched, frame, records, np.arange(len(r)) if lane_index is None else act.nonzero()[0], r,
+        _learn_round(ex, frame, records, np.arange(len(r)) if lane_index is None else act.nonzero()[0], r,
                      confidence, survival)
     handles, tokens = checked.handles, checked.tokens
     if lane_index is not None:
@@ -143,10 +122,49 @@ def apply_completion(sched, checked: Checked, timing: ExecutionTiming,
     return list(out), not whole or bool(finished), (handles, r)
 
 
-def _learn_round(sched, frame, records, index: np.ndarray, rows: np.ndarray, confidence, survival) -> None:
+def _learn_cost(ex, frame: Frame, timing: ExecutionTiming, now: int) -> tuple[int | None, int | None]:
+    """Spec, "Duration estimates" and "Funded timing refresh": the cost sample (the device interval
+    less readiness stalls) updates the graph's estimate; the raw interval (and wall time for an
+    isolated frame) is what execution statistics and the exploration ledgers count. Returns the
+    device interval and the raw duration (None: no valid interval)."""
+    interval = timing.device_interval_ns()
+    # timing.cost_sample_ns(), from the interval already aggregated over ranks.
+    sample = None if interval is None else interval - (timing.readiness_delay_ns or 0)
+    ex.costs.observe(frame.plan.shape, sample if sample is not None and sample > 0 else None, now)
+    raw = interval
+    if frame.isolated and timing.wall_ns:
+        raw = max(raw or 0, timing.wall_ns)
+    ex.stats.record(frame, raw)
+    ex.exploration.completed(frame.reason, frame.fence, raw, interval is not None,
+                                frame.plan.estimated_duration_ns)
+    return interval, raw
+
+
+def _account_service(ex, checked: Checked, raw: int, intact: bool) -> None:
+    """Spec, "Service accounting and publication": one measured interval of every participant's
+    service, in the frame's commit-time normalizers. Without prompt tokens the normalized service
+    is the token counts (0 * r_d/r_p + count, the same floats); one token each is ewma_log's
+    one-per-lane form (log 1 = 0, same values). On the laws that count only what the user
+    received, a chunk is no service (OUTPUT_EWMA; on FIRST_OUTPUT the mean law replaces the prompt
+    rows' EWMA anyway)."""
+    t, frame, counts = ex.requests, checked.frame, checked.token_counts
+    lanes = frame.plan.lanes
+    law = ex.study.prompt_rate_law
+    credited = lanes.prompt_tokens if law.credits_prompt else 0
+    served = (frame.normalizers.normalized_service(credited, counts) if checked.prompt
+              else 1.0 if checked.single else counts)
+    # Rows on the mean-rate law count progress toward their first token instead (service.py).
+    progress = (first_token_progress(lanes.prompt_tokens, t.prompt_tokens[frame.rows], counts,
+                                     law.credits_prompt) if t.mean_law_rows else None)
+    account_interval(t, frame, served, None if checked.all_produced else counts, raw / 1e6,
+                     ex.policy.adaptation_ms, intact,
+                     law is PromptRateLaw.UNTIL_SERVED, progress, ex.memo.decay)
+
+
+def _learn_round(ex, frame, records, index: np.ndarray, rows: np.ndarray, confidence, survival) -> None:
     """Acceptance and confidence learning from a completed round: lanes `index` of the plan, on
     request rows `rows`, all at once (distinct requests, in lane order)."""
-    t, lanes = sched.requests, frame.plan.lanes
+    t, lanes = ex.requests, frame.plan.lanes
     learns = lanes.prompt_tokens[index] == 0  # a mixed graph's prompt row learns no acceptance
     index, rows = index[learns], rows[learns]
     if not len(index):
@@ -157,19 +175,19 @@ def _learn_round(sched, frame, records, index: np.ndarray, rows: np.ndarray, con
                            for rec, o in zip(recs, output_rows.tolist())), dtype=np.int64, count=len(recs))
     emitted = np.fromiter((len(rec.tokens) for rec in recs), dtype=np.int64, count=len(recs))
     accepted = np.maximum(emitted - 1, 0)
-    stats = sched.stats
+    stats = ex.stats
     stats.speculative_offered += int(offered.sum())
     stats.speculative_accepted += int(accepted.sum())
     stats.speculative_emitted += int(emitted.sum())
     depth = frame.plan.shape.proposal_depth
-    if sched.source.value == "learned":
+    if ex.source.value == "learned":
         stats.speculative_learned_draws += depth * len(recs)
     generated = t.output_done[rows]
     censored = np.fromiter((t.finish[row] is not None for row in rows.tolist()), dtype=bool, count=len(recs))
     given = None if survival is None else [survival.get(rec.handle) for rec in recs]
     if given is not None:
         given = [None if g is None else np.asarray(g, dtype=float) for g in given]
-    sched.speculation.observe_rounds(t.speculation, rows, sched.source, generated, accepted, offered, censored,
+    ex.speculation.observe_rounds(t.speculation, rows, ex.source, generated, accepted, offered, censored,
                                      given)
     if confidence is not None:
         rank0 = confidence[0] if isinstance(confidence, (list, tuple)) else confidence
@@ -178,4 +196,4 @@ def _learn_round(sched, frame, records, index: np.ndarray, rows: np.ndarray, con
         # Forecast observations stop at the lane's frozen min(D + 1, W) ceiling.
         joint = rank0[1, slots[placed], :depth].astype(float)
         lengths = np.minimum(min(depth, joint.shape[1]), output_rows[placed] - 1)
-        sched.speculation.observe_confidences(t.speculation, rows[placed], generated[placed], joint, lengths)
+        ex.speculation.observe_confidences(t.speculation, rows[placed], generated[placed], joint, lengths)

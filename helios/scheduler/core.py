@@ -7,16 +7,15 @@ from collections import deque
 
 import numpy as np
 
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, StudyConfig
 from helios.errors import InvalidRequest, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 import helios.scheduler.execution as execution
 import helios.scheduler.selection as selection
 from helios.scheduler.accounting import Publications
-from helios.scheduler.anchors import AnchorCuts
-from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.completion import ExecutionStats
 from helios.scheduler.cost import CostTable
+from helios.scheduler.estimates import Estimates
 from helios.scheduler.exploration import Exploration
 from helios.scheduler.plan import (
     NO_SLOT, ExecutionTiming, Fence, FinishReason, GeneratedToken, RequestHandle, ScheduledPlan,
@@ -27,11 +26,13 @@ from helios.scheduler.preemption import due as preemption_due
 from helios.scheduler.requests import DONE, RequestRow, RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.service import Normalizers, PriceCoefficients
+from helios.scheduler.memo import Memo
+from helios.scheduler.prerequisite import Built
+from helios.scheduler.prerequisite_kinds import Prerequisites
 from helios.scheduler.shapes import ShapeSets
 from helios.scheduler.speculation import ProposalSource, SpeculationModel
 from helios.scheduler.tracelog import TraceLog
 from helios.scheduler.utility import DecodeReference
-from helios.scheduler.vision import VisionWindows
 from helios.scheduler.queue import ExecutionQueue
 
 RETIRED_MEMORY = 4096
@@ -49,9 +50,11 @@ class Scheduler:
     plans_state_operations = True
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
-                 config: SchedulerConfig | None = None, costs: CostTable | None = None):
+                 config: SchedulerConfig | None = None, costs: CostTable | None = None,
+                 study: StudyConfig | None = None):
         self.catalog = catalog
-        self.policy = policy or PolicyConfig()
+        self.policy = policy or PolicyConfig()  # the operator's coefficients
+        self.study = study or StudyConfig()  # the switches beyond the spec's table
         self.config = config or SchedulerConfig()
         self.costs = costs or CostTable(self.policy.estimate_ttl_ns)
         self.coeff = PriceCoefficients.of(self.policy)
@@ -61,7 +64,8 @@ class Scheduler:
                                       self.config.draft_capacity if spec_on else 0)
         self.queue = ExecutionQueue(self.config.frame_slots)
         self.requests = RequestTable(self.config.draft_capacity)
-        self.publications = Publications(self.requests, self.policy.adaptation_ms)
+        self.memo = Memo()  # static derived values, kept by identity (memo.py)
+        self.publications = Publications(self.requests, self.policy.adaptation_ms, self.memo.decay)
         self.stats = ExecutionStats()
         self.exploration = Exploration(self.config.funded_exploration)  # timing refresh, acceptance learning
         self.traces = TraceLog(4096, self.exploration.refresh.den, self.exploration.learning.den)
@@ -69,31 +73,38 @@ class Scheduler:
         self.last_selection: tuple | None = None
         self.now_ns = 0
         self._next_handle = 0
-        self._last_fence: Fence | None = None
-        self._decisions = 0  # served lanes record it: 0 is "never served"
-        # Moved by every call that can change the table (admit, cancel, commit, completion,
-        # preempt): a plan made at the current stamp still has the rows, epochs and versions it
-        # read (ScheduledPlan.resolved), and commit need not look them up again.
-        self._stamp = 0
-        # (fence, stamp, handles, rows) of the last completion's bursts: a publication of exactly
-        # those handles, before any call changes the table, reuses their rows (published_outputs).
-        self._bursts: tuple | None = None
+        self.marks = execution.Marks()  # the table's stamp, decisions, last fence, last bursts
         self._retired: deque[RequestHandle] = deque(maxlen=RETIRED_MEMORY)
         self._retired_set: set[RequestHandle] = set()
         self.shapes = ShapeSets.of(catalog, spec_on, self.mixed_graphs)
-        self._derived_cache, self._derived_version = None, None  # see _derived
+        self.estimates = Estimates(self.costs, self.shapes, self.study, self.coeff)  # estimates.py
         # State-row reservation (draft_capacity) covers the widest verification of the separate
         # and the mixed catalogs.
         if self.shapes.max_verification_width - 1 > self.config.draft_capacity or any(
                 sh.proposal_depth > self.config.draft_capacity for sh in self.shapes.speculative + self.shapes.mixed):
             raise InvalidRequest("a speculative or mixed program's depth exceeds draft_capacity")
-        self.speculation = SpeculationModel(self.config.draft_capacity, self.config.acceptance_estimate)
+        self.speculation = SpeculationModel(self.config.draft_capacity, self.study.acceptance_estimate)
         self.source = ProposalSource.COPY if self.config.copy_proposals else ProposalSource.LEARNED
-        self.state = StateOperations(catalog, self.policy, self.plans_state_operations,  # restores, captures
-                                     self.config.checkpoint_extra_work_fraction)
-        self.vision = VisionWindows(catalog, self.config, self.plans_state_operations)  # image windows
-        self.anchors = AnchorCuts.of(catalog, self.shapes, self.state.enabled,  # extra prefill cuts
-                                     self.config.checkpoint_extra_work_fraction)
+        # Prerequisite work (prerequisite_kinds.py): state operations, vision windows, anchor cuts.
+        self.prereqs = Prerequisites(Built(catalog, self.policy, self.config, self.shapes,
+                                           self.plans_state_operations, {}))
+        kinds = self.prereqs.kinds
+        self.state = kinds["state"].ops  # restores, captures (checkpoints.py)
+        self.vision = kinds["vision"].windows  # image windows (vision.py)
+        self.anchors = kinds["anchors"].cuts  # extra prefill cuts (anchors.py)
+        self.selection = selection.SelectionInputs(  # what plan() reads
+            self.requests, self.resources, self.queue, self.publications, self.prereqs, self.costs, self.estimates,
+            self.shapes, self.policy, self.study, self.config, self.speculation, self.source, self.memo,
+            self.exploration)
+        self.execution = execution.ExecutionInputs(  # what commit, complete* and published_outputs read
+            self.requests, self.resources, self.queue, self.publications, self.prereqs, self.costs, self.estimates,
+            self.exploration, self.traces, self.stats, self.config, self.policy, self.study, self.memo,
+            self.speculation, self.source, self.marks, self._retire_idle, self._retired_set)
+
+    # The marks, by their former names (tests, baselines).
+    _stamp = property(lambda self: self.marks.stamp)
+    _last_fence = property(lambda self: self.marks.last_fence)
+    _bursts = property(lambda self: self.marks.bursts)
 
     # ---- time and requests -------------------------------------------------------------
     def advance_to(self, now_ns: int) -> None:
@@ -114,17 +125,14 @@ class Scheduler:
             raise InvalidRequest("the catalog has no prefill graph to consume the prompt")
         if self.resources.extent_pages(request) > self.resources.total_pages:
             raise InvalidRequest("the request's context extent exceeds the KV page pool")
-        windows = self.vision.check(request, self._max_chunk(request)) if request.images else ()
-        self._stamp += 1  # validated: the table changes
+        checked = self.prereqs.check(request, lambda: self._max_chunk(request))
+        self.marks.stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
         # With the mean-rate law, the starting rate counts as one adaptation time of history.
-        window = self.policy.adaptation_ms if self.policy.prompt_rate_law.mean_law else None
+        window = self.policy.adaptation_ms if self.study.prompt_rate_law.mean_law else None
         self.requests.add(handle, request, self._starting_log_rate(), window)
-        self.state.admitted(handle, request)
-        self.anchors.admitted(handle, request, self.costs.estimate_ns)
-        if windows:
-            self.vision.admitted(handle, request, windows)
+        self.prereqs.admitted(handle, request, checked, self.costs.estimate_ns)
         return handle
 
     def _max_chunk(self, request: RequestSpec) -> int:
@@ -139,7 +147,7 @@ class Scheduler:
         rates = self.requests.log_x[self.requests.live_rows()]
         if len(rates):
             return float(np.logaddexp.reduce(rates) - math.log(len(rates)))
-        if self.policy.phase_normalized:
+        if self.study.phase_normalized:
             # With no live request: the rate of a stream alone on the machine, one output token
             # per fastest measured delivery graph (1 token/ms before anything is measured).
             return self._normalizers().log_decode
@@ -159,13 +167,12 @@ class Scheduler:
             raise UnknownRequest(f"unknown request handle {handle}")
         if t.phase[row] == DONE:
             return
-        self._stamp += 1
+        self.marks.stamp += 1
         t.cancelled[row] = True
         t.set_finish(row, reason)
         t.update_phase([row])
         t.rebind(row)
-        self.state.forget(handle)
-        self.anchors.forget(handle)
+        self.prereqs.forget(handle)
         self._retire_idle([row])
 
     def _retire_idle(self, rows) -> None:
@@ -173,10 +180,9 @@ class Scheduler:
         rows = np.asarray(rows, dtype=np.int64)
         for row in rows[(t.phase[rows] == DONE) & (t.inflight[rows] == 0)].tolist():
             handle = int(t.handle[row])
-            if self.state.holds(handle):
-                continue  # a terminal capture retires through its snapshot
-            if self.vision.requests:
-                self.vision.retired(handle)  # its private snapshot row, if it still holds one
+            if self.prereqs.holds(handle):
+                continue  # e.g. a terminal capture retires through its snapshot
+            self.prereqs.retired(handle)  # e.g. its private window snapshot row
             self.resources.release(t, row)
             t.remove(row)
             if len(self._retired) == self._retired.maxlen:
@@ -191,7 +197,9 @@ class Scheduler:
 
     # ---- planning (selection.py) -------------------------------------------------------
     def plan(self) -> ScheduledPlan | None:
-        return selection.plan(self)  # the view, every family's candidates, the winner
+        plan, detail = selection.plan(self.selection, self.now_ns, self.marks.stamp)
+        self.last_selection = None if detail is None else (plan, *detail)
+        return plan
 
     def selection_detail(self, plan: ScheduledPlan) -> tuple | None:
         """(planning view, evaluated candidates, chosen candidate) of the plan() call that returned
@@ -200,17 +208,17 @@ class Scheduler:
         last = self.last_selection
         return last[1:] if last is not None and last[0] is plan else None
 
-    # Accessors of selection.derived (estimates-only values, cached against the cost table).
+    # Accessors of the estimates-only values (estimates.py), cached against the cost table.
     def _normalizers(self) -> Normalizers:
         """The phases' reference rates from the measured catalog (docs/scheduling-utility.md)."""
-        return selection.derived(self)[1]
+        return self.estimates.get()[1]
 
     def _decode_reference(self) -> DecodeReference:
-        return selection.derived(self)[0]
+        return self.estimates.get()[0]
 
     def _coeff(self) -> PriceCoefficients:
         """The price coefficients, calibrated to the measured time scale when the policy asks."""
-        return selection.derived(self)[2]
+        return self.estimates.get()[2]
 
     def seed_acceptance(self, survival, source: ProposalSource | None = None) -> None:
         """Preseed the population acceptance prior (prefix survival by depth)."""
@@ -218,24 +226,24 @@ class Scheduler:
 
     # ---- commit and completion (execution.py) ------------------------------------------
     def commit(self, plan: ScheduledPlan, fence: Fence) -> None:
-        execution.commit(self, plan, fence)
+        execution.commit(self.execution, plan, fence, self.now_ns)
 
     def complete(self, fence: Fence, records, timing: ExecutionTiming) -> list[GeneratedToken]:
         """Validate every lane first; a bad completion raises and changes nothing."""
-        return execution.complete(self, fence, records, timing, None, None)
+        return execution.complete(self.execution, fence, records, timing, None, None, self.now_ns)
 
     def complete_with_survival(self, fence: Fence, records, timing: ExecutionTiming, survival) -> list[GeneratedToken]:
         """As complete(); `survival` maps handles to completion_speculative_survival rows."""
-        return execution.complete(self, fence, records, timing, None, survival)
+        return execution.complete(self.execution, fence, records, timing, None, survival, self.now_ns)
 
     def complete_packed_round(self, fence: Fence, records, timing: ExecutionTiming, confidence) -> list[GeneratedToken]:
         """Complete a device-allocated round with its FP32 [2, slots, draft_capacity] sidecar
         (or one per rank, rank 0 first; rank 0 drives host decisions)."""
-        return execution.complete(self, fence, records, timing, confidence, None)
+        return execution.complete(self.execution, fence, records, timing, confidence, None, self.now_ns)
 
     def complete_packed_round_with_survival(self, fence: Fence, records, timing: ExecutionTiming,
                                             confidence, survival) -> list[GeneratedToken]:
-        return execution.complete(self, fence, records, timing, confidence, survival)
+        return execution.complete(self.execution, fence, records, timing, confidence, survival, self.now_ns)
 
     def sidecar_shape(self) -> tuple[int, int, int]:
         return (2, self.config.request_slots, self.config.draft_capacity)
@@ -247,7 +255,7 @@ class Scheduler:
         self.advance_to(now_ns)
         self.publications.flush()
         self.state.preempt(self.requests, handle, now_ns)
-        self._stamp += 1
+        self.marks.stamp += 1
 
     @property
     def preempts(self) -> bool:
@@ -271,7 +279,7 @@ class Scheduler:
     def _preemption_excluded(self) -> set[RequestHandle]:
         # Image requests with window operations, and requests whose anchor snapshot is due (their
         # state copy is in progress), are neither preempted nor served by the policy.
-        return set(self.vision.requests) | {h for h, a in self.anchors.requests.items() if a.due is not None}
+        return self.prereqs.excluded()
 
     def restores_checkpoints(self) -> bool:
         """Whether admission may carry `cached_tokens` that a RESTORE graph must bring back
@@ -315,4 +323,4 @@ class Scheduler:
         """`published_output(h, fence)` for each of `handles`, in order, in one call: a frame's
         bursts are usually published together. Checked before anything is recorded: an unknown
         handle raises and records none of them (a retired one is skipped, as alone)."""
-        execution.publish(self, handles, fence)
+        execution.publish(self.execution, handles, fence, self.now_ns)

@@ -136,3 +136,15 @@ class CostTable:
 
     def measured(self) -> dict[GraphShape, int]:
         return {s: e.estimate_ns for s, e in self._entries.items() if e.estimate_ns > 0}
+
+
+def cost_lookup(costs, now: int):
+    """shape -> (estimate in ms or None, CostState) at `now`: one closure per decision (a
+    baseline's table offers `lookup` only)."""
+    if isinstance(costs, CostTable):
+        return costs.lookup_ms_at(now)
+
+    def lookup(shape):
+        t, state = costs.lookup(shape, now)
+        return (None if t is None else t / 1e6), state
+    return lookup

@@ -33,22 +33,22 @@ def _const(value, dtype, n: int) -> np.ndarray:
     return arr[:n] if n <= len(arr) else np.full(n, value, dtype=dtype)
 
 
-# decode_lanes' constant columns per lane count, read-only: (zeros, ones, float ones, float zeros,
-# all false). Lane counts are bounded by the selection slots, so the table stays small.
-_DECODE_CONSTANTS: dict[int, tuple] = {}
+_DECODE_COLUMNS = ((0, np.int64), (1, np.int64), (1, np.float64), (0, np.float64), (0, np.bool_))
+
+
+# decode_lanes' constant columns for each lane count up to 256 (selection is bounded to 64 slots),
+# read-only slices of the shared arrays: a static table built once, not a cache.
+_DECODE_CONSTANTS = tuple(tuple(_CONSTANTS[c][:n] for c in _DECODE_COLUMNS) for n in range(257))
 
 
 def _decode_constants(n: int) -> tuple:
-    hit = _DECODE_CONSTANTS.get(n)
-    if hit is None:
-        hit = tuple(_const(v, d, n) for v, d in ((0, np.int64), (1, np.int64), (1, np.float64), (0, np.float64),
-                                                  (0, np.bool_)))
-        for arr in hit:
-            arr.setflags(write=False)  # np.full beyond the shared length is writable
-        if len(_DECODE_CONSTANTS) >= 1024:
-            _DECODE_CONSTANTS.clear()
-        _DECODE_CONSTANTS[n] = hit
-    return hit
+    """(zeros, ones, float ones, float zeros, all false), read-only, n long."""
+    if n < len(_DECODE_CONSTANTS):
+        return _DECODE_CONSTANTS[n]
+    out = tuple(np.full(n, v, dtype=d) for v, d in _DECODE_COLUMNS)
+    for arr in out:
+        arr.setflags(write=False)
+    return out
 
 
 def _common(t: RequestTable, rows: np.ndarray) -> dict:

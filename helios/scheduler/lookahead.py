@@ -14,7 +14,8 @@ The sequence is scored over T + F:
 
 (terminal contributions are computed by the caller with their age stopping at T). The
 productive first-stage prefix (the prerequisite alone, with its terminal completions, over T)
-is compared too; the better rate wins, and equal rates prefer advancing more requests. The
+is compared too; the better rate wins, and equal rates prefer advancing more requests: the
+prerequisite's unused capacity advances further newly ready rows at no extra physical cost. The
 submitted plan keeps the prerequisite's physical T: lookahead time never enters timing or cost
 learning (the caller freezes `t_ms`, not T + F, into the plan).
 """
@@ -36,10 +37,15 @@ class TwoStage:
     value: float
     score: float
     sequence: bool  # True: prerequisite then following graph; False: the first stage alone
+    # Newly ready rows the prerequisite's unused capacity also advances, beyond those the following
+    # graph serves: no extra physical cost, no value in this decision ("equal value rates prefer
+    # advancing more requests"). In the first stage alone, every newly ready row it advances.
+    spare: int = 0
+    fixed: bool = False  # the caller's fixed following row (a mixed graph's prompt row) takes part
 
     @property
     def advanced(self) -> int:
-        return self.newly + self.ready + self.terminal
+        return self.newly + self.ready + self.terminal + self.spare + self.fixed
 
 
 def _sums(values) -> np.ndarray:
@@ -48,29 +54,46 @@ def _sums(values) -> np.ndarray:
 
 
 def two_stage(newly, ready, terminal, prereq_capacity: int, follow_capacity: int, t_ms: float, f_ms: float,
-              waiting: float = 0.0) -> TwoStage | None:
+              waiting: float = 0.0, fixed: float | None = None, fixed_newly: bool = False) -> TwoStage | None:
     """The best cohort for one (prerequisite, following) shape pair; None without a newly
     ready row and without a terminal row. Contributions must be nonnegative (a lane is
-    only added when it adds value)."""
+    only added when it adds value).
+
+    `fixed`: the value of one following row the caller has chosen (a mixed graph's prompt row,
+    spec "Mixed execution contract": absent is None, already ready, or enabled by the
+    prerequisite with `fixed_newly`); it takes one of the following graph's rows, and when newly
+    ready one of the prerequisite's, and it counts as the newly ready row that must take part.
+    `newly` and `ready` are then the decode rows' contributions."""
     n_sums, r_sums, m_sums = _sums(newly), _sums(ready), _sums(terminal)
     n, r, m = len(n_sums) - 1, len(r_sums) - 1, len(m_sums) - 1
     best: TwoStage | None = None
     total = t_ms + f_ms
-    for k in range(1, min(n, prereq_capacity, follow_capacity) + 1):
-        rr, mm = min(r, follow_capacity - k), min(m, prereq_capacity - k)
-        value = float(n_sums[k] + r_sums[rr] + m_sums[mm])
-        best = _better(best, TwoStage(k, rr, mm, value, value / total - 0.5 * total * waiting, True))
+    pcap = prereq_capacity - (fixed is not None and fixed_newly)
+    fcap = follow_capacity - (fixed is not None)
+    extra = 0.0 if fixed is None else fixed
+    first = 0 if fixed is not None and fixed_newly else 1  # at least one newly ready row takes part
+    for k in range(first, min(n, pcap, fcap) + 1):
+        rr, mm = min(r, fcap - k), min(m, pcap - k)
+        spare = min(n - k, pcap - k - mm)
+        value = float(n_sums[k] + r_sums[rr] + m_sums[mm]) + extra
+        best = _better(best, TwoStage(k, rr, mm, value, value / total - 0.5 * total * waiting, True, spare,
+                                      fixed is not None))
     if m:
         # The first stage alone: terminal completions over T; spare capacity may still advance
         # newly ready rows at no extra physical cost (they add no value in this stage).
         mm = min(m, prereq_capacity)
         spare = min(n, prereq_capacity - mm)
         value = float(m_sums[mm])
-        best = _better(best, TwoStage(spare, 0, mm, value, value / t_ms - 0.5 * t_ms * waiting, False))
+        best = _better(best, TwoStage(0, 0, mm, value, value / t_ms - 0.5 * t_ms * waiting, False, spare))
     return best
 
 
 def _better(a: TwoStage | None, b: TwoStage) -> TwoStage:
     if a is None:
         return b
-    return b if (b.score, b.advanced) > (a.score, a.advanced) else a
+    # Equal rates prefer advancing more requests. Equal up to rounding: the same contributions
+    # summed in another order (k newly ready rows and one ready row against k - 1 and two, when a
+    # newly ready and a ready row contribute alike) differ in the last bits.
+    if abs(b.score - a.score) <= 1e-12 * max(abs(a.score), abs(b.score)):
+        return b if b.advanced > a.advanced else a
+    return b if b.score > a.score else a

@@ -33,7 +33,8 @@ from helios.scheduler.lanes import decode_lanes, prefill_lanes, speculative_lane
 from helios.scheduler.plan import PlanLanes
 from helios.scheduler.policy import Budget, Candidate, LanePool
 from helios.scheduler.rounds import _ceilings, _gains
-from helios.scheduler.utility import by_identity, ranked_lanes, rate_score, served_cost, stall_growth
+from helios.scheduler.memo import Memo, by_identity
+from helios.scheduler.utility import ranked_lanes, rate_score, served_cost, stall_growth
 
 
 @dataclass(slots=True)
@@ -85,14 +86,14 @@ def _best_prompt(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray):
     return None
 
 
-def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, waiting: float,
+def mixed_candidates(memo: Memo, shapes, costs, decode: LanePool, prompts: LanePool | None, waiting: float,
                      budget: Budget) -> list[Candidate]:
     """Every mixed shape's decode-only cohort and its prompt-row cohort, padding pruned."""
     n = len(decode.handles)
     has_prompts = prompts is not None and len(prompts.handles) > 0
     if not shapes or (n == 0 and not has_prompts):
         return []
-    order, padded_over, chunks, constants = _padding_order(shapes)
+    order, padded_over, chunks, constants = by_identity(memo.orders, shapes, _padding_order, 64)
     best_prompt = {}
     if has_prompts:
         unit = np.exp(prompts.log_prefill)
@@ -100,13 +101,13 @@ def mixed_candidates(shapes, costs, decode: LanePool, prompts: LanePool | None, 
     ranked: dict[tuple[int, int, bool], _Decoders] = {}
     cohorts: dict[tuple[int, int, int], tuple] = {}  # (W, D, m) -> what its decode cohort sums to
     out, pos_seen, t_ms, state, growth = [], -1, None, None, 0.0
-    for pos, c, m in _survivors(shapes, order, padded_over, chunks, n, best_prompt):
+    for pos, c, m in _survivors(memo, shapes, order, padded_over, chunks, n, best_prompt):
         shape = order[pos]
         if pos != pos_seen:  # one estimate per shape, asked in shape order as before
             pos_seen, (t_ms, state) = pos, costs(shape)
             growth = 0.0 if t_ms is None or decode.stall_total <= 0.0 else stall_growth(t_ms, decode.tau_ms)
         if c is not None and _beyond_bound(prompts, t_ms, m == n):
-            continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
+            continue  # the off-by-default duration bound (StudyConfig.stall_bound_ms)
         wd = (shape.token_capacity, shape.proposal_depth)
         cohort = cohorts.get((*wd, m))
         if cohort is None:
@@ -139,7 +140,7 @@ def _stall_ranked(decode: LanePool, shape, m: int, n: int) -> bool:
     return decode.deferred.step(n - m) is not None
 
 
-def _survivors(shapes, order, padded_over, chunks, n: int, best_prompt: dict) -> tuple:
+def _survivors(memo: Memo, shapes, order, padded_over, chunks, n: int, best_prompt: dict) -> tuple:
     """(position, prompt chunk or None, m) of every cohort that is not padding, in shape order.
 
     Which cohorts survive depends only on the shapes, n, and which chunks have a best prompt row
@@ -148,7 +149,7 @@ def _survivors(shapes, order, padded_over, chunks, n: int, best_prompt: dict) ->
     rows = [None if best_prompt.get(c) is None else best_prompt[c][:2] for c in chunks]
     pattern = tuple(None if r is None else rows.index(r) for r in rows)
     key = (id(shapes), n, pattern)
-    hit = _SURVIVORS.get(key)
+    hit = memo.survivors.get(key)
     if hit is not None and hit[0] is shapes:
         return hit[1]
     label = dict(zip(chunks, pattern))
@@ -171,13 +172,10 @@ def _survivors(shapes, order, padded_over, chunks, n: int, best_prompt: dict) ->
                 continue  # same cohort, prefixes, prompt row and prompt work: padding only
             same.add(pos)
             found.append((pos, prompt, m))
-    if len(_SURVIVORS) >= 4096:
-        _SURVIVORS.clear()
-    _SURVIVORS[key] = (shapes, tuple(found))  # keeps `shapes` alive: its id is not reused
-    return _SURVIVORS[key][1]
-
-
-_SURVIVORS: dict[tuple, tuple] = {}
+    if len(memo.survivors) >= 4096:
+        memo.survivors.clear()
+    memo.survivors[key] = (shapes, tuple(found))  # keeps `shapes` alive: its id is not reused
+    return memo.survivors[key][1]
 
 
 def _cohort(decode: LanePool, dec: _Decoders, m: int, width: int) -> tuple:
@@ -225,20 +223,15 @@ def _candidate(shape, decode, prompts, cohort: tuple, prompt, m, t_ms, state: Co
                           rows, rows, prompt=pidx, prompt_work=work, prompt_value=pvalue)
 
 
-_ORDERS: dict[int, tuple] = {}  # shape tuple -> _padding_order's result (utility.by_identity)
-
-
 def _padding_order(shapes) -> tuple:
     """The shapes sorted by capacities (a dominating, padded shape always comes after the one it
     pads), for each position the positions of the shapes it is padding over (those that
     dominate it), the distinct prompt chunks, and each shape's packed extent and tie-break
-    tuple: static, so computed once per shape tuple instead of pairwise per decision."""
-    def build(shapes):
-        order = tuple(sorted(shapes, key=lambda s: s.capacities()))
-        return (order, [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order],
-                tuple(sorted({s.prefill_capacity for s in order})),
-                [(s.max_packed_extent, tuple(map(neg, s.capacities()))) for s in order])
-    return by_identity(_ORDERS, shapes, build, 64)
+    tuple: static, so computed once per shape tuple (Memo.orders) instead of pairwise per decision."""
+    order = tuple(sorted(shapes, key=lambda s: s.capacities()))
+    return (order, [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order],
+            tuple(sorted({s.prefill_capacity for s in order})),
+            [(s.max_packed_extent, tuple(map(neg, s.capacities()))) for s in order])
 
 
 _NO_WORK = np.zeros(64, dtype=np.int64)  # decode rows consume no prompt (at most 64 rows)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios.config import PolicyConfig, PromptRateLaw
+from helios.config import PolicyConfig, PromptRateLaw, StudyConfig
 from helios.graphs import GraphKind
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import Deferred, LanePool
@@ -37,7 +37,7 @@ class PlanningView:
 
 
 def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float,
-                  law: PromptRateLaw = PromptRateLaw.EWMA):
+                  law: PromptRateLaw = PromptRateLaw.EWMA, memo: dict | None = None):
     """Copies of the log token/delivery rates of `rows` advanced through every queued frame's
     expected service, and each row's expected delivery time (has, ns) from the queue (None, None
     when the queue is empty).
@@ -74,7 +74,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         has_delivery[delivered] = True
         delivery_ns[delivered] = frame.expected_end_ns
         before = log_x[p]
-        log_x[p] = ewma_log(before, d, tokens[p], tau_ms)
+        log_x[p] = ewma_log(before, d, tokens[p], tau_ms, memo)
         if window is not None:  # prompts on the mean-rate law, as completion will count them
             progress = np.zeros(n)
             progress[lp[mine]] = first_token_progress(
@@ -87,37 +87,35 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
             if law is PromptRateLaw.UNTIL_SERVED:
                 window[m[progress[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
-        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms)
+        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms, memo)
     return log_x, log_z, has_delivery, delivery_ns
 
 
-def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig,
+def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy: PolicyConfig, study: StudyConfig,
                coeff: PriceCoefficients, decode: DecodeReference, norm: Normalizers,
                resources: ResourcePool, start_ns: int, max_context: int, max_lanes: int,
-               speculation=None, scale_floor: float = -math.inf, defer_prompts: bool = True) -> PlanningView:
+               speculation=None, scale_floor: float = -math.inf, defer_prompts: bool = True,
+               memo: dict | None = None) -> PlanningView:
     """`rows`: live requests in admission order; `decode`: the measured delivery-bearing graphs;
     `norm`: the current reference rates.
     `speculation` is (SpeculationModel, ProposalSource) when speculative programs are loaded.
     `scale_floor`: the largest log price of lanes priced outside these pools (pending restores),
     so they share the decision's scale. `defer_prompts`: price prefill graphs with the deferred step
-    (only when a mixed graph could carry the decoders along; docs/scheduling-utility.md section 4)."""
+    (only when a mixed graph could carry the decoders along; docs/scheduling-utility.md section 4).
+    `memo`: the scheduler's Memo.decay (the EWMA's terms per interval).
+
+    The steps follow the spec's "Useful service and selection": rates projected to the queue's
+    end, the lanes each family could serve (bounded to 64), their prices and one shared scale,
+    the decoders' values with their age credit c sigma (A + T), then the study's stall prices and
+    deferred step, and the prompt pools."""
     log_x, log_z, has_delivery, delivery_ns = project_rates(
-        t, rows, queue, policy.adaptation_ms, policy.prompt_rate_law)
+        t, rows, queue, policy.adaptation_ms, study.prompt_rate_law, memo)
     phase, handles, max_output, act = t.live_columns(rows)  # act: the decoding positions
-    queued_prompt = t.queued_prompt[rows]
-    cursor = t.prompt_done[rows] + queued_prompt
+    cursor = t.prompt_done[rows] + t.queued_prompt[rows]
     produced = t.output_done[rows] + t.queued_output[rows]
-    # Decoders with output and context left; prompts with unqueued tokens and nothing queued.
-    room = (produced < max_output) & (cursor + produced < max_context)
-    if len(act) == len(rows):  # everyone decodes (the steady state): no prompt to consider
-        dec = room.nonzero()[0]  # every row is active: the same rows without the mask
-        pre = _NO_ROWS
-    else:
-        dec = ((phase == DECODE) & room).nonzero()[0]
-        pre = ((phase == PREFILL) & (queued_prompt == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
-        pre = _admissible(t, rows, pre, resources)
+    dec, pre = _servable(t, rows, phase, act, cursor, produced, max_output, max_context, resources)
     # Prompt prices are elementwise: computed only when some prompt can be served.
-    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, policy.gradient_prompt_price, with_prompt=len(pre) > 0)
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, study.gradient_prompt_price, with_prompt=len(pre) > 0)
     truncated = len(dec) > max_lanes
     if truncated:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
@@ -144,14 +142,7 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
 
     whole = everyone and same  # the decode pool is every row, in table order
     drows = rows if whole else rows[dec]
-    # A queued expected delivery restarts the projected age at its expected time.
-    ref, known = t.last_publication_ns[drows], t.has_publication[drows]
-    if len(queue):
-        ref = np.where(has_delivery[dec], delivery_ns[dec], ref)
-        known = known | has_delivery[dec]
-    ages = np.maximum(0, start_ns - ref) / 1e6
-    if count_nonzero(known) != len(known):  # skipped in the steady state, where every decoder has published
-        ages[~known] = 0.0
+    ages = _output_ages(t, drows, dec, queue, has_delivery, delivery_ns, start_ns)
     # The scale is the largest of these logs, so no exponent overflows.
     output_value = np.exp(lo_dec - scale)
     delivery_dec = np.exp(ld_dec - scale)
@@ -159,37 +150,78 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     pool = LanePool(handles if whole else handles[dec], t.last_served_seq[drows], t.slot[drows], base,
                     age_slope=c_sigma)
     stall_total = 0.0
-    if policy.stall_pricing and len(act):
-        # What a stall of T does to a decoder's own prices: its fairness and delivery prices
-        # grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's price follows.
-        # Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
-        # charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
-        growing = np.exp((lf if everyone else lf[act]) - scale) + (delivery_dec if same else np.exp(ld_act - scale))
-        stall_total = float(np.add.reduce(growing))  # growing.sum(), without its wrapper
-        if same:
-            pool.stall = growing  # the decode pool is every active row, in the same order
-        else:
-            where = np.full(t.capacity, -1, dtype=np.int64)
-            where[rows[act]] = np.arange(len(act))
-            pool.stall = growing[where[drows]]
-        if policy.served_stall_pricing:
+    if study.stall_pricing and len(act):
+        stall_total = _price_stalls(pool, t, rows, act, drows, lf if everyone else lf[act],
+                                    delivery_dec if same else np.exp(ld_act - scale), scale, same)
+        if study.served_stall_pricing:
             pool.steps = decode.steps
     pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms
-    if policy.deferred_step_pricing and len(base):
+    if study.deferred_step_pricing and len(base):
         pool.deferred = Deferred(float(np.add.reduce(base)), len(base), c_sigma, decode.steps)
     if speculation is not None:
         _add_speculation(pool, t, drows, output_value, speculation, policy, max_context)
+    prefill = _prompt_pools(t, rows, pre, handles, lp - scale, lo - scale, resources, pool, stall_total,
+                            policy, study, decode, act, start_ns, defer_prompts) if len(pre) else {}
+    return PlanningView(scale, c * s * n_active, pool, drows, prefill, *((cursor, produced) if whole else ()))
 
+
+def _servable(t: RequestTable, rows, phase, act, cursor, produced, max_output, max_context,
+              resources: ResourcePool) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the decoders with output and context left, and of the prompts with unqueued
+    tokens, nothing queued, and a slot or room for one (`_admissible`)."""
+    room = (produced < max_output) & (cursor + produced < max_context)
+    if len(act) == len(rows):  # everyone decodes (the steady state): no prompt to consider
+        return room.nonzero()[0], _NO_ROWS  # every row is active: the same rows without the mask
+    dec = ((phase == DECODE) & room).nonzero()[0]
+    pre = ((phase == PREFILL) & (t.queued_prompt[rows] == 0) & (cursor < t.prompt_tokens[rows])).nonzero()[0]
+    return dec, _admissible(t, rows, pre, resources)
+
+
+def _output_ages(t: RequestTable, drows, dec, queue, has_delivery, delivery_ns, start_ns: int) -> np.ndarray:
+    """A_i in ms at the planning start: from the last visible output, or from a queued expected
+    delivery, which restarts the projected age; zero before a first publication."""
+    ref, known = t.last_publication_ns[drows], t.has_publication[drows]
+    if len(queue):
+        ref = np.where(has_delivery[dec], delivery_ns[dec], ref)
+        known = known | has_delivery[dec]
+    ages = np.maximum(0, start_ns - ref) / 1e6
+    if count_nonzero(known) != len(known):  # skipped in the steady state, where every decoder has published
+        ages[~known] = 0.0
+    return ages
+
+
+def _price_stalls(pool: LanePool, t: RequestTable, rows, act, drows, lf_act, delivery_act, scale: float,
+                  same: bool) -> float:
+    """What a stall of T does to a decoder's own prices (StudyConfig.stall_pricing): its fairness
+    and delivery prices grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's
+    price follows. Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
+    charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
+    Sets the decode pool's growing prices; returns their sum over every active decoder."""
+    growing = np.exp(lf_act - scale) + delivery_act
+    if same:
+        pool.stall = growing  # the decode pool is every active row, in the same order
+    else:
+        where = np.full(t.capacity, -1, dtype=np.int64)
+        where[rows[act]] = np.arange(len(act))
+        pool.stall = growing[where[drows]]
+    return float(np.add.reduce(growing))  # growing.sum(), without its wrapper
+
+
+def _prompt_pools(t: RequestTable, rows, pre, handles, log_prefill, log_output, resources: ResourcePool,
+                  decode_pool: LanePool, stall_total: float, policy: PolicyConfig, study: StudyConfig,
+                  decode: DecodeReference, act, start_ns: int, defer_prompts: bool) -> dict:
+    """One pool per prompt kind (prefill, scored prefill): scaled prompt-token and first-token
+    values, what is left to the prompt and its next endpoint, residency and page extents."""
     prefill: dict[GraphKind, tuple[LanePool, np.ndarray]] = {}
-    for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL) if len(pre) else ():
+    for kind in (GraphKind.PREFILL, GraphKind.SCORED_PREFILL):
         idx = pre[t.score_prompt[rows[pre]] == (kind is GraphKind.SCORED_PREFILL)]
         if not len(idx):
             continue
         prow = rows[idx]
         prompts = LanePool(
             handles[idx], t.last_served_seq[prow], t.slot[prow], np.zeros(len(idx)),
-            log_prefill=lp[idx] - scale,
-            first_token=np.exp(lo[idx] - scale),
+            log_prefill=log_prefill[idx],
+            first_token=np.exp(log_output[idx]),
             prompt_left=t.prompt_left(prow),
             to_endpoint=t.to_endpoint(prow),
             resident=t.slot[prow] != NO_SLOT,
@@ -197,13 +229,13 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
         )
         prompts.stall_total, prompts.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
         if defer_prompts:
-            prompts.deferred = pool.deferred
-        if policy.stall_bound_ms is not None:
+            prompts.deferred = decode_pool.deferred
+        if study.stall_bound_ms is not None:
             prompts.stall_step_ms = decode.steps[1] or 0.0  # the fastest delivery-bearing graph
-            prompts.stall_bound_ms = _stall_headroom(policy.stall_bound_ms, t, rows[act], start_ns,
+            prompts.stall_bound_ms = _stall_headroom(study.stall_bound_ms, t, rows[act], start_ns,
                                                      prompts.stall_step_ms)
         prefill[kind] = (prompts, prow)
-    return PlanningView(scale, c * s * n_active, pool, drows, prefill, *((cursor, produced) if whole else ()))
+    return prefill
 
 
 def _admissible(t: RequestTable, rows: np.ndarray, pre: np.ndarray, resources: ResourcePool) -> np.ndarray:
@@ -237,7 +269,7 @@ def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_va
 
 def _stall_headroom(bound_ms: float, t: RequestTable, active_rows: np.ndarray, start_ns: int,
                     step_ms: float) -> float | None:
-    """The off-by-default duration bound (`PolicyConfig.stall_bound_ms`, outside the spec): how
+    """The off-by-default duration bound (`StudyConfig.stall_bound_ms`, outside the spec): how
     long a prefill may run so that the oldest decoder's age + T + one decode step (`step_ms`, the
     fastest) stays within the bound. None when no decoder is active (nothing to stall)."""
     known = active_rows[t.has_publication[active_rows]]

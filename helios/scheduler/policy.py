@@ -19,9 +19,8 @@ import numpy as np
 
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
-from helios.scheduler.utility import (
-    by_identity, deferred_rate_score, ranked_lanes, rate_score, stall_cost, stall_growth,
-)
+from helios.scheduler.memo import Memo, by_identity
+from helios.scheduler.utility import deferred_rate_score, ranked_lanes, rate_score, stall_cost, stall_growth
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,33 +120,26 @@ class Budget:
 # ndarray.sum() of a 1-D array is this reduction behind a Python wrapper: the same sum, cheaper.
 _sum = np.add.reduce
 
-# What the tie-break reads from a shape, and a shape tuple in capacity order: derived once per
-# object (utility.by_identity), since every decision asks again for the same shapes.
-_SHAPE_KEYS: dict[int, tuple] = {}
-_BY_CAPACITY: dict[int, tuple] = {}
-
-
 def _shape_key(shape: GraphShape) -> tuple:
-    """(is_prefill, token_capacity, target_capacity, negated capacities)."""
-    return by_identity(_SHAPE_KEYS, shape, lambda s: (s.kind.is_prefill, s.token_capacity, s.target_capacity,
-                                                        tuple(map(neg, s.capacities()))))
+    """What the tie-break reads from a shape: (is_prefill, token_capacity, target_capacity,
+    negated capacities)."""
+    return shape.kind.is_prefill, shape.token_capacity, shape.target_capacity, tuple(map(neg, shape.capacities()))
 
 
 def _by_capacity(shapes) -> tuple:
-    return by_identity(_BY_CAPACITY, shapes, lambda ss: tuple(sorted(ss, key=lambda s: s.batch_capacity)), 256)
+    return tuple(sorted(shapes, key=lambda s: s.batch_capacity))
 
 
-_COHORTS: dict[tuple[int, int], tuple] = {}
 _ALONE = np.zeros(1, dtype=np.int64)  # a lone lane's order (what ranked_lanes returns for it)
 _ALONE.setflags(write=False)
 
 
-def _cohorts(shapes, n: int) -> tuple:
+def _cohorts(memo: Memo, shapes, n: int) -> tuple:
     """(shape, m) in capacity order for each capacity whose cohort m = min(B, n) no smaller
     capacity already serves, once per (shape tuple, lane count). The entry keeps the ordered
     tuple alive, so its id cannot be reused while cached."""
-    ordered = _by_capacity(shapes)
-    hit = _COHORTS.get((id(ordered), n))
+    ordered = by_identity(memo.by_capacity, shapes, _by_capacity, 256)
+    hit = memo.cohorts.get((id(ordered), n))
     if hit is None or hit[0] is not ordered:
         taken, cohorts = set(), []
         for shape in ordered:
@@ -155,21 +147,23 @@ def _cohorts(shapes, n: int) -> tuple:
             if m not in taken:  # else a smaller capacity already serves exactly this cohort
                 taken.add(m)
                 cohorts.append((shape, m))
-        if len(_COHORTS) >= 4096:
-            _COHORTS.clear()
-        hit = _COHORTS[(id(ordered), n)] = (ordered, tuple(cohorts))
+        if len(memo.cohorts) >= 4096:
+            memo.cohorts.clear()
+        hit = memo.cohorts[(id(ordered), n)] = (ordered, tuple(cohorts))
     return hit[1]
 
 
 def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | None = None,
                      used: int | None = None, deferred: bool = False,
-                     served_base: float | None = None) -> Candidate:
+                     served_base: float | None = None, memo: Memo | None = None) -> Candidate:
     """`lru`: the members' most recent service, `used`: the tokens of its rows (prefill), when
     the caller already knows them. `deferred`: a decode cohort or speculative round, scored with
     the step that serves the decoders it leaves out; `served_base`: its members' base, when its
-    value holds more (a round's draft gains)."""
+    value holds more (a round's draft gains). `memo`: the scheduler's Memo, which keeps the
+    shape's tie-break fields (the families that build many candidates per decision pass it)."""
     n = len(c.members)
-    is_prefill, token_capacity, target_capacity, order_key = _shape_key(c.shape)
+    is_prefill, token_capacity, target_capacity, order_key = (
+        _shape_key(c.shape) if memo is None else by_identity(memo.keys, c.shape, _shape_key))
     if c.t_ms is None:
         # Optimistic work score: an unknown duration ranks by expected useful value alone.
         c.score = c.value
@@ -199,7 +193,7 @@ def finish_candidate(c: Candidate, pool: LanePool, waiting: float, lru: int | No
     return c
 
 
-def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Candidate]:
+def decode_candidates(memo: Memo, shapes, costs, pool: LanePool, waiting: float) -> list[Candidate]:
     """Every batch capacity competes with the top-B lanes; same-cohort padding is pruned, and so is
     a measured capacity whose score provably cannot reach another candidate's (_score_bound)."""
     n = len(pool.handles)
@@ -217,7 +211,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
     out: list[Candidate | None] = []
     reranked = []  # (position in out, shape, m, t_ms, state): cohorts needing their own order
     best_known = -math.inf  # the best score among exact candidates with a known duration
-    for shape, m in _cohorts(shapes, n):
+    for shape, m in _cohorts(memo, shapes, n):
         t_ms, state = costs(shape)
         if stalled and m < n and t_ms is not None:
             reranked.append((len(out), shape, m, t_ms, state))
@@ -230,7 +224,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
                 recent = np.maximum.accumulate(pool.lru[order]).tolist()
             lru = recent[m - 1]
         c = finish_candidate(Candidate(shape, order[:m], works[:m], sums[m], pool.age_slope * m, t_ms, state),
-                             pool, waiting, lru, deferred=True)
+                             pool, waiting, lru, deferred=True, memo=memo)
         if t_ms is not None and c.score > best_known:
             best_known = c.score
         out.append(c)
@@ -253,7 +247,7 @@ def decode_candidates(shapes, costs, pool: LanePool, waiting: float) -> list[Can
                 members = ranked_lanes(pool.base + pool.stall * stall_growth(t_ms, pool.tau_ms), pool.lru,
                                        pool.slots)[:m]
             c = Candidate(shape, members, works[:m], float(_sum(pool.base[members])), pool.age_slope * m, t_ms, state)
-            out[i] = c = finish_candidate(c, pool, waiting, max(pool.lru[members].tolist()), deferred=True)
+            out[i] = c = finish_candidate(c, pool, waiting, max(pool.lru[members].tolist()), deferred=True, memo=memo)
             if c.score > best_known:
                 best_known = c.score
     return [c for c in out if c is not None]

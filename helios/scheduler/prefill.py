@@ -24,7 +24,8 @@ import numpy as np
 from helios.graphs import GraphShape
 from helios.scheduler.cost import CostState
 from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidate
-from helios.scheduler.utility import by_identity, ranked_lanes
+from helios.scheduler.memo import Memo, by_identity
+from helios.scheduler.utility import ranked_lanes
 
 
 def _feasible_prefix(order: np.ndarray, resident: list, pool_pages: list, limit: int, budget: Budget) -> np.ndarray:
@@ -44,12 +45,13 @@ def _feasible_prefix(order: np.ndarray, resident: list, pool_pages: list, limit:
     return np.asarray(chosen, dtype=np.int64)
 
 
-def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Budget) -> list[Candidate]:
+def prefill_candidates(memo: Memo, shapes, costs, pool: LanePool, waiting: float,
+                       budget: Budget) -> list[Candidate]:
     """Each prompt capacity competes with the tokens it can actually consume."""
     n = len(pool.handles)
     if n == 0 or not shapes:
         return []
-    by_chunk, max_batch = by_identity(_BY_CHUNK, shapes, _chunks, 256)
+    by_chunk, max_batch = by_identity(memo.chunks, shapes, _chunks, 256)
     seen: dict[tuple, set] = {}  # cohort key -> positions of the shapes that served it
     out = []
     # Per call, not per chunk: what every chunk reads lane by lane, and exp of the log prices
@@ -82,12 +84,12 @@ def prefill_candidates(shapes, costs, pool: LanePool, waiting: float, budget: Bu
             same.add(pos)
             t_ms, state = costs(shape)
             if pool.stall_bound_ms is not None and t_ms is not None and t_ms > pool.stall_bound_ms:
-                continue  # the off-by-default duration bound (PolicyConfig.stall_bound_ms)
+                continue  # the off-by-default duration bound (StudyConfig.stall_bound_ms)
             if state is CostState.UNKNOWN and _smaller_reaches_endpoint(shape, shapes, packed,
                                                                           pool.to_endpoint[members]):
                 continue
             c = Candidate(shape, members, packed, value, 0.0, t_ms, state)
-            out.append(finish_candidate(c, pool, waiting, ranked.recent[m - 1], used))
+            out.append(finish_candidate(c, pool, waiting, ranked.recent[m - 1], used, memo=memo))
     return out
 
 
@@ -109,9 +111,6 @@ class _Ranked:
         # The first lane with prompt beyond its chunk work: a cohort past it may grow.
         self.short = next((i for i, (w, t) in enumerate(zip(self.rows, self.left_list)) if t > w), len(self.rows))
         self.recent = list(accumulate(pool.lru[feasible].tolist(), max))  # recent[m - 1]: the top m's latest service
-
-
-_BY_CHUNK: dict[int, tuple] = {}  # shape tuple -> _chunks' result (utility.by_identity)
 
 
 def _chunks(shapes) -> tuple:

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from helios.graphs import GraphKind
 from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.cost import CostState
 from helios.scheduler.lookahead import two_stage
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidate
+from helios.scheduler.prerequisite import Prerequisite
 from helios.scheduler.requests import RequestTable
 from helios.scheduler.service import PriceCoefficients, log_prices
 from helios.scheduler.utility import prefix_sums, ranked_lanes, reference_interval_ms
@@ -34,10 +36,14 @@ from helios.scheduler.utility import prefix_sums, ranked_lanes, reference_interv
 
 @dataclass(slots=True)
 class StateCandidate(Candidate):
-    """A state-operation candidate: also names its lanes' table rows and scaled lane values."""
+    """A prerequisite candidate (every kind's, prerequisite_kinds.py): also names its lanes' table
+    rows and scaled lane values, builds its plan's lanes, and says how its plan is marked."""
 
     table_rows: np.ndarray | None = None  # table row of each pool entry
     lane_values: np.ndarray | None = None  # scaled value per pool entry, T-dependent part included
+    lanes_of: object = None  # () -> PlanLanes of the members
+    private_state: bool = False  # a window operation's private snapshot or restore (ScheduledPlan)
+    anchor: bool = False  # a nonterminal anchor snapshot (ScheduledPlan)
 
 
 def continuation_index(value: float, t_ms: float | None, f_ms: float | None) -> float:
@@ -107,19 +113,33 @@ def snapshot_candidates(ops: StateOperations, t: RequestTable, costs, log_scale:
     ages = np.array([max(0, now_ns - ops.captures[h].since_ns) / 1e6 for h in handles])
     base = ops.policy.terminal_value * s + c_sigma * ages
     pool = _pool(t, rows, base)
-    return _cohorts(ops.snapshot_shapes, costs, rows, pool, base, c_sigma, waiting)
+    return _with_lanes(ops, t, _cohorts(ops.snapshot_shapes, costs, rows, pool, base, c_sigma, waiting))
+
+
+def _with_lanes(ops: StateOperations, t: RequestTable, cands: list) -> list:
+    for c in cands:
+        c.lanes_of = _builder(ops, t, c)
+    return cands
+
+
+def _builder(ops: StateOperations, t: RequestTable, c: StateCandidate):
+    def lanes():
+        return ops.lanes(t, c.shape.kind, c.table_rows[c.members], c.lane_values[c.members])
+    return lanes
 
 
 def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, decode_shapes,
                        coeff: PriceCoefficients, log_scale: float, waiting: float, budget: Budget,
                        pages_of, ready_pool: LanePool | None = None,
-                       ready_decoders: LanePool | None = None) -> list[Candidate]:
+                       ready_decoders: LanePool | None = None, mixed_shapes=()) -> list[Candidate]:
     """Pending restores that can get a slot and their page extent now. With a measured restore
     and a measured following graph, the cohort and score are the exact two-stage choice over
-    every (restore, prefill) and (restore, decode) pair (lookahead.py): a restored prompt
-    continues in a prefill chunk, a preempted decoder in a decode batch. `ready_pool` and
+    every (restore, prefill), (restore, decode) and (restore, width-one mixed) pair
+    (lookahead.py): a restored prompt continues in a prefill chunk or a mixed graph's prompt row,
+    a preempted decoder in a decode batch or a mixed graph's decode rows. `ready_pool` and
     `ready_decoders` are the prefill and decode lanes already ready to share that graph.
-    Otherwise lanes rank by the continuation index."""
+    Otherwise lanes rank by the continuation index. The restore's unused rows advance further
+    pending restores at no extra physical cost."""
     # While automatic preemption holds a freed slot for a waiter (ops.held), preempted decoders
     # (no prompt left) do not restore: the slot would go straight back to one of them.
     handles = [h for h in ops.restoring if t.slot[r := t.index[h]] == NO_SLOT and t.inflight[r] == 0
@@ -152,8 +172,8 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     cands = _cohorts(ops.restore_shapes, costs, rows, pool, ranking, 0.0, waiting, value_of, pages_of(rows), budget)
     for c in cands:
         _exact_pair(c, pool, costs, prefill_shapes, decode_shapes, lp - log_scale, lo - log_scale, left,
-                    ready_pool, ready_decoders, waiting)
-    return cands
+                    ready_pool, ready_decoders, waiting, mixed_shapes)
+    return _with_lanes(ops, t, cands)
 
 
 def _chunk_values(log_prefill, log_first, left, chunk: int) -> np.ndarray:
@@ -164,49 +184,137 @@ def _chunk_values(log_prefill, log_first, left, chunk: int) -> np.ndarray:
 
 
 def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode_shapes, log_prefill, log_first,
-                left, ready_pool: LanePool | None, ready_decoders: LanePool | None, waiting: float) -> None:
+                left, ready_pool: LanePool | None, ready_decoders: LanePool | None, waiting: float,
+                mixed_shapes=()) -> None:
     """Replace a restore candidate's continuation-index score by the best exact two-stage
-    sequence over every measured following prefill and decode shape. The plan keeps the
+    sequence over every measured following prefill, decode and mixed shape. The plan keeps the
     restore's T."""
     if c.t_ms is None or c.cost_state is CostState.UNKNOWN:
         return
     cap = len(c.members)
-    best, best_order = None, None
+    best, best_order, best_newly = None, None, 0
 
-    def consider(shape, newly, ready_of, order_of) -> None:
+    def consider(shape, newly, ready_of, order_of, fixed=None, fixed_newly=False) -> None:
         """Keep the (restore, `shape`) sequence when it beats the best so far. `ready_of(F)`: the
-        already-ready lanes' contributions; `order_of()` ranks the pool's lanes for that graph."""
-        nonlocal best, best_order
+        already-ready lanes' contributions; `order_of()` ranks the pool's lanes for that graph
+        (a newly ready prompt row first); `fixed`: a mixed graph's prompt row (lookahead.two_stage)."""
+        nonlocal best, best_order, best_newly
         f_ms, state = costs(shape)
         if f_ms is None or state is CostState.UNKNOWN:
             return
-        choice = two_stage(newly, ready_of(f_ms), (), cap, shape.batch_capacity, c.t_ms, f_ms, waiting)
+        choice = two_stage(newly, ready_of(f_ms), (), cap, shape.batch_capacity, c.t_ms, f_ms, waiting,
+                           fixed, fixed_newly)
         if choice is not None and choice.sequence and (best is None or choice.score > best.score):
             best, best_order = choice, order_of()
+            best_newly = choice.newly + (fixed is not None and fixed_newly)  # restored rows it serves
+
+    def ready_prompts(chunk: int) -> np.ndarray:  # already-ready prompts' chunk values
+        if ready_pool is None or not len(ready_pool.handles):
+            return np.zeros(0)
+        return np.exp(ready_pool.log_prefill) * np.minimum(ready_pool.prompt_left, chunk) + np.where(
+            ready_pool.prompt_left <= chunk, ready_pool.first_token, 0.0)
 
     for sh in prefill_shapes:
-        newly = _chunk_values(log_prefill, log_first, left, sh.token_capacity)
-        ready = np.zeros(0)
-        if ready_pool is not None and len(ready_pool.handles):
-            ready = np.exp(ready_pool.log_prefill) * np.minimum(ready_pool.prompt_left, sh.token_capacity) + np.where(
-                ready_pool.prompt_left <= sh.token_capacity, ready_pool.first_token, 0.0)
+        newly, ready = _chunk_values(log_prefill, log_first, left, sh.token_capacity), ready_prompts(sh.token_capacity)
         consider(sh, newly, lambda _, ready=ready: ready, lambda newly=newly: ranked_lanes(newly, pool.lru, pool.slots))
     # A preempted decoder (no prompt left) continues with one output token in a decode batch
     # shared with the decoders already running; a restored prompt cannot join that graph.
     resumed = (left == 0).nonzero()[0]
-    if len(resumed):
-        newly = np.exp(log_first[resumed])  # one output token each
-        order = lambda: resumed[ranked_lanes(newly, pool.lru[resumed], pool.slots[resumed])]  # noqa: E731
-        running = ready_decoders is not None and len(ready_decoders.handles)
+    resumed_values = np.exp(log_first[resumed])  # one output token each
+    order = lambda: resumed[ranked_lanes(resumed_values, pool.lru[resumed], pool.slots[resumed])]  # noqa: E731
+    running = ready_decoders is not None and len(ready_decoders.handles)
 
-        def ready_of(f_ms):  # a running decoder served at the sequence's end: value and age credit over T + F
-            return ready_decoders.base + ready_decoders.age_slope * (c.t_ms + f_ms) if running else np.zeros(0)
+    def ready_of(f_ms):  # a running decoder served at the sequence's end: value and age credit over T + F
+        return ready_decoders.base + ready_decoders.age_slope * (c.t_ms + f_ms) if running else np.zeros(0)
+    if len(resumed):
         for sh in decode_shapes:
-            consider(sh, newly, ready_of, order)
+            consider(sh, resumed_values, ready_of, order)
+    for sh in mixed_shapes:
+        # Spec, "Mixed execution contract": the prompt row is absent, already ready, or enabled by
+        # the restore; each leaves an exact two-stage problem for the decode rows.
+        consider(sh, resumed_values, ready_of, order)  # absent: decode rows only
+        ready = ready_prompts(sh.prefill_capacity)
+        if len(ready):
+            consider(sh, resumed_values, ready_of, order, float(ready.max()))
+        chunk = _chunk_values(log_prefill, log_first, left, sh.prefill_capacity)
+        if chunk.max(initial=0.0) > 0.0:
+            first = int(ranked_lanes(chunk, pool.lru, pool.slots)[0])
+            consider(sh, resumed_values, ready_of, lambda first=first: np.concatenate([[first], order()]),
+                     float(chunk[first]), True)
     if best is None:
         return
-    c.members = best_order[: best.newly]
+    served = best_order[:best_newly]
+    # The restore's unused rows advance further pending restores at no extra physical cost
+    # (spec: "equal value rates prefer advancing more requests").
+    chosen = set(served.tolist())
+    rest = [i for i in c.members.tolist() if i not in chosen][: max(0, cap - len(served))]
+    c.members = np.concatenate([served, np.asarray(rest, dtype=served.dtype)]) if rest else served
     c.works = np.zeros(len(c.members), dtype=np.int64)
     c.value = best.value
     c.score = best.score  # ranks by T + F; the plan's estimated duration stays the restore's T
     c.key = (c.t_ms is None, c.score) + c.key[2:]
+
+
+class StateKind(Prerequisite):
+    """State operations as a prerequisite kind: pending restores (cached prefixes, preempted
+    decoders) hold their requests back until restored, terminal captures and preemptions until
+    their snapshot; both compete as candidates (above); completion resolves them (checkpoints.py)."""
+
+    name = "state"
+    edits_output = True  # a terminal capture holds its request's finish until its snapshot
+
+    def __init__(self, ops: StateOperations):
+        self.ops = ops
+        self.enabled = ops.enabled
+
+    @classmethod
+    def build(cls, b) -> "StateKind":
+        return cls(StateOperations(b.catalog, b.policy, b.planned, b.config.checkpoint_extra_work_fraction))
+
+    def admitted(self, handle, request, checked, estimate_ns) -> None:
+        self.ops.admitted(handle, request)
+
+    def forget(self, handle) -> None:
+        self.ops.forget(handle)
+
+    def holds(self, handle) -> bool:
+        return self.ops.holds(handle)
+
+    def pending(self) -> bool:
+        return bool(self.ops.captures or self.ops.restoring)
+
+    def hold_back(self, t: RequestTable, rows: np.ndarray) -> np.ndarray:
+        if self.ops.restoring or self.ops.captures:  # restores not completed, preemptions
+            return rows[~self.ops.not_ready(t, rows)]
+        return rows
+
+    def log_scale(self, t: RequestTable, coeff: PriceCoefficients) -> float:
+        return restore_log_scale(self.ops, t, coeff)
+
+    def waiting(self, log_scale: float) -> float:
+        return terminal_waiting(self.ops, log_scale) if self.ops.captures else 0.0
+
+    def snapshot_candidates(self, inputs, view, costs) -> list:
+        return snapshot_candidates(self.ops, inputs.t, costs, view.log_scale, view.waiting, inputs.start_ns)
+
+    def restore_candidates(self, inputs, view, costs) -> list:
+        t, res, shapes = inputs.t, inputs.resources, inputs.shapes
+        return restore_candidates(self.ops, t, costs, shapes.prefill, shapes.decode_steps, inputs.coeff,
+                                  view.log_scale, view.waiting, Budget(res.free_slots, res.free_pages),
+                                  lambda rows: res.extent_pages_of(t, rows),
+                                  view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode,
+                                  tuple(s for s in shapes.mixed if s.token_capacity == 1))
+
+    def may_retire(self) -> bool:
+        return True  # a completed snapshot retires its capture's row
+
+    def earn(self, done, out: list) -> list:
+        """The capture allowance that productive decode earns (before any capture resolves)."""
+        sample = done.timing.cost_sample_ns()
+        self.ops.earn(done.plan.shape.kind, [g.handle for g in out if g.tokens], None if sample is None else sample / 1e6)
+        return out
+
+    def completed(self, done, out: list) -> list:
+        snap = [ns for sh in self.ops.snapshot_shapes if (ns := done.costs.estimate_ns(sh)) is not None]
+        return self.ops.completed(done.t, done.plan.shape.kind, done.plan.handles, done.fence, done.now_ns, out,
+                                  done.release, min(snap) / 1e6 if snap else None)

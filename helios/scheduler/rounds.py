@@ -13,6 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from helios.scheduler.cost import CostState
+from helios.scheduler.memo import Memo
 from helios.scheduler.policy import Candidate, LanePool, defers, finish_candidate
 from helios.scheduler.utility import ranked_lanes, rate_score, stall_growth
 
@@ -105,12 +106,13 @@ def _device_best_prefix(ranking, pool, frontier, batch, budget):
 
 
 def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device: bool,
-                           prune: bool = False, keep_stale: bool = True) -> list[Candidate]:
+                           prune: bool = False, keep_stale: bool = True,
+                           memo: Memo | None = None) -> list[Candidate]:
     """Every program's best cohorts (see the module docstring), scored. `prune`: leave out the
     programs whose score provably cannot reach another candidate's (the ordinary choice reads
     only the best; the list keeps the unpruned list's best, tests/scheduler/test_speculative_pruning.py);
     `keep_stale`: except those with a stale estimate, which a funded timing refresh may still
-    choose whatever their score."""
+    choose whatever their score. `memo`: the scheduler's Memo (policy.finish_candidate)."""
     n = len(pool.handles)
     if n == 0:
         return []
@@ -143,7 +145,7 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
             if bound < best_known:
                 pruned.append((r, shape, g, m, t_ms, state, bound))
                 continue
-        for c in g.candidates(pool, shape, m, t_ms, state, waiting, device):
+        for c in g.candidates(pool, shape, m, t_ms, state, waiting, device, memo):
             out.append((r, c))
             if t_ms is not None and c.score > best_known:
                 best_known = c.score
@@ -166,7 +168,7 @@ def speculative_candidates(shapes, costs, pool: LanePool, waiting: float, device
         for p in build:
             pruned.remove(p)
             r, shape, g, m, t_ms, state, _ = p
-            out += [(r, c) for c in g.candidates(pool, shape, m, t_ms, state, waiting, device)]
+            out += [(r, c) for c in g.candidates(pool, shape, m, t_ms, state, waiting, device, memo)]
 
 
 def _may_pad(program, c) -> bool:
@@ -245,7 +247,7 @@ class _Group:
                                    / total + total * waiting)
         return float(np.max(score + 1e-9 * size)) + 1e-300
 
-    def candidates(self, pool, shape, m, t_ms, state, waiting, device):
+    def candidates(self, pool, shape, m, t_ms, state, waiting, device, memo):
         n = len(pool.handles)
         ceilings, full = self.ceilings, self.full
         batch, budget = shape.batch_capacity, shape.target_capacity
@@ -270,7 +272,8 @@ class _Group:
             c.device = device and shape.proposal_depth > 0
             # The cohort (lane indices, in order), its rows and its depth, as bytes: cheap to hash.
             c.dedupe = (members.tobytes(), c.rows.tobytes(), shape.proposal_depth)
-            yield finish_candidate(c, pool, waiting, deferred=True, served_base=float(pool.base[members].sum()))
+            yield finish_candidate(c, pool, waiting, deferred=True, served_base=float(pool.base[members].sum()),
+                                   memo=memo)
 
 
 def _cohort_order(pool: LanePool, drafts, full, t_ms: float, left: int, plain: np.ndarray) -> np.ndarray:

@@ -1,149 +1,109 @@
 """The plan call (Scheduler.plan): the live requests projected to the queue's expected end (the
 planning view), every family's candidates on it, and the winner frozen into a ScheduledPlan.
 
-Functions of the scheduler, bottom-up; `Scheduler.plan` is a thin call into `plan`. `derived`
-also serves commit (execution.py) and admission: it owns the cache of what depends only on the
-cost table's estimates.
+Functions of `SelectionInputs` (the scheduler's parts that selection reads), the time and the
+table's stamp, bottom-up; `Scheduler.plan` is a thin call into `plan`.
 """
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
-from helios.config import SpeculationMode
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, StudyConfig
 from helios.graphs import GraphKind
-from helios.scheduler.anchors import AnchorCandidate
-from helios.scheduler.cost import CostState, CostTable
+from helios.scheduler.accounting import Publications
+from helios.scheduler.cost import CostState, cost_lookup
+from helios.scheduler.estimates import Estimates
+from helios.scheduler.exploration import Exploration
 from helios.scheduler.lanes import decode_lanes, prefill_lanes, requires_feedback, speculative_lanes
+from helios.scheduler.memo import Memo
 from helios.scheduler.mixed import mixed_candidates, mixed_lanes, spec_row_values
 from helios.scheduler.plan import ScheduledPlan, SelectionReason
 from helios.scheduler.planning import PlanningView, build_view
 from helios.scheduler.policy import Budget, best, decode_candidates
 from helios.scheduler.prefill import prefill_candidates
-from helios.scheduler.prerequisites import (
-    restore_candidates, restore_log_scale, snapshot_candidates, terminal_waiting,
-)
+from helios.scheduler.prerequisite import PlanInputs
+from helios.scheduler.prerequisite_kinds import Prerequisites
+from helios.scheduler.prerequisites import StateCandidate
+from helios.scheduler.queue import ExecutionQueue
+from helios.scheduler.requests import RequestTable
+from helios.scheduler.resources import ResourcePool
 from helios.scheduler.rounds import speculative_candidates
-from helios.scheduler.service import PHYSICAL, reference_normalizers
-from helios.scheduler.utility import DecodeReference
-from helios.scheduler.vision_candidates import WindowCandidate, window_candidates, window_log_scale
+from helios.scheduler.shapes import ShapeSets
+from helios.scheduler.speculation import ProposalSource, SpeculationModel
 
 
-def derived(sched) -> tuple:
-    """(decode reference, normalizers, price coefficients): functions of the estimates alone,
-    recomputed only when the cost table's version moves (a table without one, e.g. a baseline's time-dependent
-    moving average, recomputes at every call)."""
-    version = getattr(sched.costs, "version", None)
-    if version is None or version != sched._derived_version or sched._derived_cache is None:
-        costs = sched.costs
-        if isinstance(costs, CostTable):
-            estimates = costs.estimates_ns
-        else:
-            estimates = lambda shapes: [costs.estimate_ns(s) for s in shapes]  # noqa: E731
-        # Every delivery-bearing family: one visible burst per lane, whatever its width.
-        delivery = sched.shapes.delivery
-        decode = [(s.batch_capacity, t / 1e6) for s, t in zip(delivery, estimates(delivery)) if t is not None]
-        norm = PHYSICAL
-        if sched.policy.phase_normalized:
-            prompts = sched.shapes.prefill + sched.shapes.scored_prefill
-            prefill = [(s.token_capacity, t / 1e6) for s, t in zip(prompts, estimates(prompts)) if t is not None]
-            norm = reference_normalizers(prefill, decode)
-        coeff = sched.coeff
-        if sched.policy.fairness_time_scale:
-            # The decode reference alone: what `norm` already holds when phase-normalized (the same
-            # maximum over the same list), so it is not computed twice.
-            log_decode = norm.log_decode if sched.policy.phase_normalized else reference_normalizers((), decode).log_decode
-            coeff = coeff.time_scaled(log_decode)
-        sched._derived_cache, sched._derived_version = (DecodeReference(decode), norm, coeff), version
-    return sched._derived_cache
+@dataclass(frozen=True, slots=True)
+class SelectionInputs:
+    """What selection reads of the scheduler: its parts, by reference (the Scheduler builds one).
+    The time and the table's stamp arrive as parameters."""
+
+    requests: RequestTable
+    resources: ResourcePool
+    queue: ExecutionQueue
+    publications: Publications  # flushed before the view reads the rates
+    prereqs: Prerequisites
+    costs: object  # CostTable, or a baseline's
+    estimates: Estimates
+    shapes: ShapeSets
+    policy: PolicyConfig
+    study: StudyConfig
+    config: SchedulerConfig
+    speculation: SpeculationModel
+    source: ProposalSource
+    memo: Memo
+    exploration: Exploration
 
 
-def cost_lookup(costs, now: int):
-    """shape -> (estimate in ms or None, CostState) at `now`: one closure per decision."""
-    if isinstance(costs, CostTable):
-        return costs.lookup_ms_at(now)
-
-    def lookup(shape):
-        t, state = costs.lookup(shape, now)
-        return (None if t is None else t / 1e6), state
-    return lookup
+def derived(inputs) -> tuple:
+    """(decode reference, normalizers, price coefficients) of `inputs` (a SelectionInputs or a
+    Scheduler): estimates.py."""
+    return inputs.estimates.get()
 
 
-def current_view(sched) -> PlanningView | None:
+def current_view(sched: SelectionInputs, now_ns: int) -> PlanningView | None:
     """Live requests projected to the queue's expected end, or None when nothing can queue."""
-    if not sched.queue.accepts_more(sched.now_ns):
+    if not sched.queue.accepts_more(now_ns):
         return None
     sched.publications.flush()
+    prereqs = sched.prereqs
+    # Requests waiting for prerequisite work (a restore, a window operation, an anchor snapshot).
     live = sched.requests.live_rows()
-    if sched.state.restoring or sched.state.captures:  # restores not completed, preemptions
-        live = live[~sched.state.not_ready(sched.requests, live)]
-    if sched.vision.requests:  # prompts waiting for a window operation
-        live = live[~sched.vision.not_ready(sched.requests, live)]
-    if sched.anchors.requests:  # prompts at a cut, or waiting for its anchor snapshot
-        live = live[~sched.anchors.not_ready(sched.requests, live)]
-    if not len(live) and not (sched.state.captures or sched.state.restoring or sched.vision.requests
-                              or sched.anchors.requests):
+    if prereqs.active:  # a catalog without state or vision graphs (or a baseline) has none
+        live = prereqs.hold_back(sched.requests, live)
+    if not len(live) and not prereqs.pending():
         return None
-    decode, norm, coeff = derived(sched)
-    floor = restore_log_scale(sched.state, sched.requests, coeff)
-    if sched.vision.requests:
-        floor = max(floor, window_log_scale(sched.vision, sched.requests, coeff))
-    if sched.anchors.requests:
-        floor = max(floor, sched.anchors.log_scale(sched.requests, coeff))
-    view = build_view(sched.requests, live, sched.queue, sched.policy, coeff, decode, norm,
-                      sched.resources, sched.queue.expected_end_ns(sched.now_ns), sched.config.max_context,
+    decode, norm, coeff = sched.estimates.get()
+    floor = prereqs.log_scale(sched.requests, coeff) if prereqs.active else -math.inf  # lanes outside the pools
+    view = build_view(sched.requests, live, sched.queue, sched.policy, sched.study, coeff, decode, norm,
+                      sched.resources, sched.queue.expected_end_ns(now_ns), sched.config.max_context,
                       sched.config.selection_slots,
                       (sched.speculation, sched.source) if sched.shapes.rounds else None, floor,
-                      defer_prompts=bool(sched.shapes.mixed))
-    if sched.vision.requests:
-        sched.vision.restrict(view, sched.requests)  # legal chunk ends of image requests
-    if sched.anchors.requests:
-        sched.anchors.restrict(view, sched.requests)  # no chunk passes a planned cut
+                      defer_prompts=bool(sched.shapes.mixed), memo=sched.memo.decay)
+    if prereqs.active:
+        prereqs.restrict(view, sched.requests)  # legal chunk ends (images, planned cuts)
     return view
 
 
-def _state_candidates(sched, view: PlanningView, costs) -> list:
-    """Terminal snapshots and prerequisite restores (prerequisites.py)."""
-    if not sched.state.enabled:
-        return []
-    budget = Budget(sched.resources.free_slots, sched.resources.free_pages)
-    start = sched.queue.expected_end_ns(sched.now_ns)
-    pages = lambda rows: sched.resources.extent_pages_of(sched.requests, rows)  # noqa: E731
-    return (snapshot_candidates(sched.state, sched.requests, costs, view.log_scale, view.waiting, start)
-            + sched.anchors.candidates(sched.requests, sched.state.captures, costs, sched.shapes.decode_steps,
-                                       derived(sched)[2], view.log_scale, view.waiting)
-            + restore_candidates(sched.state, sched.requests, costs, sched.shapes.prefill, sched.shapes.decode_steps,
-                                 derived(sched)[2], view.log_scale, view.waiting, budget, pages,
-                                 view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode))
-
-
-def _window_candidates(sched, view: PlanningView, costs) -> list:
-    t = sched.requests
-    shapes_of = lambda row: sched.shapes.prefill_of(  # noqa: E731
-        GraphKind.SCORED_PREFILL if t.score_prompt[row] else GraphKind.PREFILL)
-    return window_candidates(sched.vision, t, sched.state.restoring, costs, shapes_of, derived(sched)[2],
-                             view.log_scale, view.waiting,
-                             Budget(sched.resources.free_slots, sched.resources.free_pages),
-                             lambda rows: sched.resources.extent_pages_of(t, rows), view.prefill)
-
-
-def _spec_lanes(sched, winner, view: PlanningView):
+def _spec_lanes(sched: SelectionInputs, winner, view: PlanningView):
     values, expected = spec_row_values(view.decode, winner.members, winner.rows, winner.t_ms or 0.0)
     bounds = np.minimum(winner.ceilings, winner.shape.target_capacity)
     return speculative_lanes(sched.requests, view.decode_rows[winner.members], bounds, expected, values, winner.rows)
 
 
-def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None = None) -> ScheduledPlan | None:
-    """Freeze the winning candidate into a plan, or None while it needs an empty window."""
+def plan_from(sched: SelectionInputs, winner, view: PlanningView, now_ns: int, stamp: int,
+              reason: SelectionReason | None = None) -> ScheduledPlan | None:
+    """Freeze the winning candidate into a plan, or None while it needs an empty window. `stamp`:
+    the table's stamp the plan was made at (ScheduledPlan.resolved)."""
     if winner is None:
         return None
     kind, t_ms, rows = winner.shape.kind, winner.t_ms or 0.0, None
-    window, anchor = type(winner) is WindowCandidate, type(winner) is AnchorCandidate
-    if window or anchor:
+    prereq = isinstance(winner, StateCandidate)  # every prerequisite kind's candidate
+    if prereq:
         lanes = winner.lanes_of()
-    elif kind in (GraphKind.SNAPSHOT, GraphKind.RESTORE):
-        lanes = sched.state.lanes(sched.requests, kind, winner.table_rows[winner.members],
-                                 winner.lane_values[winner.members])
     elif kind is GraphKind.SPECULATIVE:
         lanes = _spec_lanes(sched, winner, view)
     elif kind is GraphKind.MIXED:
@@ -167,24 +127,28 @@ def plan_from(sched, winner, view: PlanningView, reason: SelectionReason | None 
     if reason is None:
         reason = SelectionReason.DISCOVERY if est is None else SelectionReason.ORDINARY
     return ScheduledPlan(winner.shape, lanes, est, winner.score, view.log_scale, reason,
-                         feedback, winner.cost_state is CostState.STALE, sched.now_ns,
-                         sched.queue.expected_end_ns(sched.now_ns), sched.queue.fences(), winner.device,
-                         None if rows is None else (sched.requests, sched._stamp, lanes, rows),
-                         private_state=window and kind is not GraphKind.VISION, anchor=anchor)
+                         feedback, winner.cost_state is CostState.STALE, now_ns,
+                         sched.queue.expected_end_ns(now_ns), sched.queue.fences(), winner.device,
+                         None if rows is None else (sched.requests, stamp, lanes, rows),
+                         private_state=prereq and winner.private_state, anchor=prereq and winner.anchor)
 
 
-def plan(sched) -> ScheduledPlan | None:
-    """Scheduler.plan: the best plan for the current view, or None."""
-    view = current_view(sched)
+def plan(sched: SelectionInputs, now_ns: int, stamp: int) -> tuple[ScheduledPlan | None, tuple | None]:
+    """Scheduler.plan: the best plan for the current view at `now_ns` (or None), and the selection
+    behind it (view, candidates, chosen; None when there was nothing to choose from)."""
+    view = current_view(sched, now_ns)
     if view is None:
-        return None
-    costs = cost_lookup(sched.costs, sched.now_ns)
-    if sched.state.captures:
-        view.waiting += terminal_waiting(sched.state, view.log_scale)
-    candidates = _state_candidates(sched, view, costs)
-    if sched.vision.requests:  # vision graphs and window snapshots/restores (vision_candidates.py)
-        candidates += _window_candidates(sched, view, costs)
-    candidates += decode_candidates(sched.shapes.decode, costs, view.decode, view.waiting)
+        return None, None
+    costs = cost_lookup(sched.costs, now_ns)
+    prereqs = sched.prereqs
+    candidates = []
+    if prereqs.proposes:  # restores, captures, anchor snapshots, window operations
+        extra = prereqs.waiting(view.log_scale)
+        if extra:
+            view.waiting += extra  # terminal captures' age price
+        candidates = prereqs.candidates(PlanInputs(sched.requests, sched.resources, sched.shapes, derived(sched)[2],
+                                                   sched.queue.expected_end_ns(now_ns)), view, costs)
+    candidates += decode_candidates(sched.memo, sched.shapes.decode, costs, view.decode, view.waiting)
     # Device allocation needs the program's causal confidence; copy proposals have none,
     # so adaptive copy speculation chooses widths with host allocation.
     device = sched.config.speculation is SpeculationMode.ADAPTIVE and not sched.config.copy_proposals
@@ -192,16 +156,16 @@ def plan(sched) -> ScheduledPlan | None:
         # Programs whose score cannot reach another candidate's are not built; stale ones are kept
         # while a funded timing refresh could choose them.
         candidates += speculative_candidates(sched.shapes.speculative, costs, view.decode, view.waiting, device,
-                                             prune=True, keep_stale=sched.exploration.refresh.funded())
+                                             prune=True, keep_stale=sched.exploration.refresh.funded(), memo=sched.memo)
     budget = Budget(sched.resources.free_slots, sched.resources.free_pages) if view.prefill or sched.shapes.mixed else None
     for kind, (pool, _) in view.prefill.items():
-        candidates += prefill_candidates(sched.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
+        candidates += prefill_candidates(sched.memo, sched.shapes.prefill_of(kind), costs, pool, view.waiting, budget)
     if sched.shapes.mixed:
         prompts = view.prefill.get(GraphKind.PREFILL)
-        candidates += mixed_candidates(sched.shapes.mixed, costs, view.decode,
+        candidates += mixed_candidates(sched.memo, sched.shapes.mixed, costs, view.decode,
                                        None if prompts is None else prompts[0], view.waiting, budget)
     # Funded exploration may displace the ordinary winner.
     chosen, reason = sched.exploration.choose(sched, candidates, best(candidates), view, costs, device)
-    plan = plan_from(sched, chosen, view, reason)
-    sched.last_selection = (plan, view, candidates, chosen)  # references only (Scheduler.selection_detail)
-    return plan
+    # The view, the evaluated candidates and the winner go back as references for the decision log
+    # (Scheduler.selection_detail); nothing is copied.
+    return plan_from(sched, chosen, view, now_ns, stamp, reason), (view, candidates, chosen)

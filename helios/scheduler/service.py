@@ -28,34 +28,30 @@ def _log(value: float) -> float:
     return math.log(value) if value > 0 else NEG_INF
 
 
-# (delta_ms, tau_ms) -> (decay, log_keep) for scalar intervals. A numpy call on scalars costs
-# microseconds and frame durations repeat (one estimate per graph), so the terms are computed
-# once by the same numpy expressions and reused: the values are identical.
-_TERMS: dict[tuple[float, float], tuple] = {}
-
-
-def _decay_terms(delta_ms, tau_ms):
-    scalar = isinstance(delta_ms, float)
-    if scalar and (hit := _TERMS.get((delta_ms, tau_ms))) is not None:
+def _decay_terms(delta_ms, tau_ms, memo: dict | None):
+    """(d/tau, log((1 - e^(-d/tau)) / d)), on scalars or arrays; scalar ones kept in `memo`
+    (Memo.decay) when given: the same numpy expressions, so the same values."""
+    scalar = memo is not None and isinstance(delta_ms, float)
+    if scalar and (hit := memo.get((delta_ms, tau_ms))) is not None:
         return hit
     decay = np.divide(delta_ms, tau_ms)
     terms = decay, np.log(-np.expm1(-decay) / delta_ms)  # log((1 - e^(-d/tau)) / d)
     if scalar:
-        if len(_TERMS) >= 1024:
-            _TERMS.clear()
-        _TERMS[(delta_ms, tau_ms)] = terms
+        if len(memo) >= 1024:
+            memo.clear()
+        memo[(delta_ms, tau_ms)] = terms
     return terms
 
 
-def ewma_log(log_rate, delta_ms: float, served, tau_ms: float):
+def ewma_log(log_rate, delta_ms: float, served, tau_ms: float, memo: dict | None = None):
     """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d,  on scalars or arrays.
 
     The one EWMA of the scheduler: planning's projection, interval accounting and publication
     all use it. An unserved interval (served = 0) multiplies the rate by e^(-d/tau) exactly,
     so its price grows by e^(d/tau); the logaddexp form cannot overflow however long the
-    request waits. A NaN rate (no history) stays NaN.
+    request waits. A NaN rate (no history) stays NaN. `memo`: the scheduler's Memo.decay.
     """
-    decay, log_keep = _decay_terms(delta_ms, tau_ms)
+    decay, log_keep = _decay_terms(delta_ms, tau_ms, memo)
     if type(served) is float and served == 1.0:  # one delivery each (a publication): log 1 = 0
         return np.logaddexp(np.subtract(log_rate, decay), log_keep)
     served = np.asarray(served, dtype=float)
@@ -72,7 +68,7 @@ def mean_rate_log(log_rate, window_ms, delta_ms: float, served):
     """log of  (r * w + served) / (w + d),  on arrays: a mean rate over a window of w ms, extended
     by an interval of d ms in which `served` units were received.
 
-    The law before a request has history (`PolicyConfig.prompt_rate_law`): its starting rate counts as
+    The law before a request has history (`StudyConfig.prompt_rate_law`): its starting rate counts as
     one adaptation time (w = tau) and it averages everything since. Unserved, its rate falls as
     w / (w + d), so its price grows linearly with the wait, without bound. NaN stays NaN.
     """

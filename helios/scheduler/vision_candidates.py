@@ -28,6 +28,7 @@ from helios.scheduler.lookahead import two_stage
 from helios.scheduler.lanes import state_lanes
 from helios.scheduler.plan import NO_SLOT, PlanLanes
 from helios.scheduler.policy import Budget, LanePool, finish_candidate
+from helios.scheduler.prerequisite import Prerequisite
 from helios.scheduler.prerequisites import StateCandidate, continuation_index
 from helios.scheduler.requests import PREFILL, RequestTable
 from helios.scheduler.service import PriceCoefficients, log_prices
@@ -39,9 +40,7 @@ _VISION, _SNAPSHOT, _RESTORE = GraphKind.VISION, GraphKind.SNAPSHOT, GraphKind.R
 
 @dataclass(slots=True)
 class WindowCandidate(StateCandidate):
-    """A window operation: also builds its plan's lanes."""
-
-    lanes_of: object = None  # () -> PlanLanes of the members
+    """A window operation (a vision graph, or a private snapshot or restore at a boundary)."""
 
 
 def _due(vw: VisionWindows, t: RequestTable, restoring) -> dict:
@@ -133,7 +132,7 @@ def window_candidates(vw: VisionWindows, t: RequestTable, restoring, costs, shap
             c = finish_candidate(c, pool, waiting)
             if kind is _VISION:
                 _exact_pairs(c, pool, costs, shapes_of, rows, works, ready_pools, waiting)
-            c.lanes_of = _builder(vw, t, kind, c)
+            c.lanes_of, c.private_state = _builder(vw, t, kind, c), kind is not _VISION
             out.append(c)
     return out
 
@@ -207,3 +206,75 @@ def _builder(vw: VisionWindows, t: RequestTable, kind, c: WindowCandidate):
             context = t.prompt_done[rows]
         return state_lanes(t, rows, context, values)
     return lanes
+
+
+class VisionKind(Prerequisite):
+    """Vision windows as a prerequisite kind: a prompt waits for its window's vision graph and, at a
+    window boundary, for a private snapshot and restore (vision.py); no chunk splits an image."""
+
+    name = "vision"
+
+    def __init__(self, windows: VisionWindows, restoring: dict):
+        self.windows = windows
+        self.enabled = windows.enabled
+        self.restoring = restoring  # the state kind's pending restores: those bind the slot first
+
+    @classmethod
+    def build(cls, b) -> "VisionKind":
+        return cls(VisionWindows(b.catalog, b.config, b.planned), b.kinds["state"].ops.restoring)
+
+    def check(self, request, max_chunk) -> tuple:
+        return self.windows.check(request, max_chunk()) if request.images else ()
+
+    def admitted(self, handle, request, checked, estimate_ns) -> None:
+        if checked:
+            self.windows.admitted(handle, request, checked)
+
+    def retired(self, handle) -> None:
+        if self.windows.requests:
+            self.windows.retired(handle)  # its private snapshot row, if it still holds one
+
+    def excluded(self) -> set:
+        return set(self.windows.requests)
+
+    def pending(self) -> bool:
+        return bool(self.windows.requests)
+
+    def hold_back(self, t: RequestTable, rows: np.ndarray) -> np.ndarray:
+        if self.windows.requests:  # prompts waiting for a window operation
+            return rows[~self.windows.not_ready(t, rows)]
+        return rows
+
+    def log_scale(self, t: RequestTable, coeff: PriceCoefficients) -> float:
+        return window_log_scale(self.windows, t, coeff) if self.windows.requests else -math.inf
+
+    def restrict(self, view, t: RequestTable) -> None:
+        if self.windows.requests:
+            self.windows.restrict(view, t)  # legal chunk ends of image requests
+
+    def candidates(self, inputs, view, costs) -> list:
+        if not self.windows.requests:
+            return []
+        t, res, shapes = inputs.t, inputs.resources, inputs.shapes
+        shapes_of = lambda row: shapes.prefill_of(  # noqa: E731
+            GraphKind.SCORED_PREFILL if t.score_prompt[row] else GraphKind.PREFILL)
+        return window_candidates(self.windows, t, self.restoring, costs, shapes_of, inputs.coeff, view.log_scale,
+                                 view.waiting, Budget(res.free_slots, res.free_pages),
+                                 lambda rows: res.extent_pages_of(t, rows), view.prefill)
+
+    def check_commit(self, plan) -> bool:
+        if not (self.windows.requests and self.windows.is_window_plan(plan)):
+            return False
+        self.windows.check_commit(plan)  # private snapshot rows
+        return True
+
+    def committed(self, plan) -> None:
+        self.windows.committed(plan)
+
+    def may_retire(self) -> bool:
+        return bool(self.windows.requests)
+
+    def completed(self, done, out: list) -> list:
+        if self.windows.requests and self.windows.is_window_plan(done.plan):
+            self.windows.completed(done.plan, done.t)
+        return out

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from helios.baselines import SCHEDULERS, make_scheduler
-from helios.config import PreemptionConfig, SpeculationMode, preset
+from helios.config import PreemptionConfig, SpeculationMode, preset, study_preset
 from helios.engine.echo_core import EchoSimCore
 from helios.errors import ConfigError
 from helios.graphs import GraphKind
@@ -38,8 +38,6 @@ class EngineOptions:
     terminal_age_price: float | None = None
     adaptive_verification_alpha: float | None = None
     adaptation_ms: float | None = None  # the policy's rate time constant (None: the preset's)
-    stall_bound_ms: float | None = None  # PolicyConfig.stall_bound_ms (None: off, the default)
-    prompt_rate_law: str | None = None  # PolicyConfig.prompt_rate_law by value (None: the preset's)
     speculation: str = "off"
     speculative_token_capacity: int = 16
     slots: int = 4
@@ -144,10 +142,6 @@ def build_backend(options: EngineOptions, log=None) -> Backend:
                     adaptive_verification_alpha=options.adaptive_verification_alpha)
     if options.adaptation_ms is not None:  # PolicyConfig checks it (ConfigError "adaptation_ms")
         policy = dataclasses.replace(policy, adaptation_ms=options.adaptation_ms)
-    if options.stall_bound_ms is not None:  # PolicyConfig checks it (ConfigError "stall_bound_ms")
-        policy = dataclasses.replace(policy, stall_bound_ms=options.stall_bound_ms)
-    if options.prompt_rate_law is not None:  # PolicyConfig checks it (ConfigError "prompt_rate_law")
-        policy = dataclasses.replace(policy, prompt_rate_law=options.prompt_rate_law)
     try:
         speculation = SpeculationMode(options.speculation)
     except ValueError:
@@ -221,6 +215,8 @@ def _with_preemption(options, config):
 
 def _scheduler(options, catalog, policy, config):
     try:
+        if options.scheduler == "helios":  # the preset's study switches (none is a flag of flare run)
+            return make_scheduler("helios", catalog, policy, config, study=study_preset(options.policy))
         return make_scheduler(options.scheduler, catalog, policy, config)
     except ConfigError as exc:
         if exc.field != "catalog":

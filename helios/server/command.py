@@ -9,7 +9,6 @@ import sys
 
 from helios.baselines import SCHEDULERS
 from helios.cli_help import DefaultsHelp, groups_first
-from helios.config import PromptRateLaw
 from helios.errors import ConfigError
 from helios.server.hardening_cli import add_hardening_arguments, hardening_settings
 
@@ -18,8 +17,7 @@ _FLAGS = {
     "scheduler_policy": "--scheduler-policy", "terminal_value": "--scheduler-terminal-value",
     "terminal_age_price": "--scheduler-terminal-age-price",
     "adaptive_verification_alpha": "--mtp-adaptive-verification-alpha",
-    "adaptation_ms": "--scheduler-adaptation-ms", "stall_bound_ms": "--scheduler-stall-bound-ms",
-    "prompt_rate_law": "--scheduler-prompt-rate-law",
+    "adaptation_ms": "--scheduler-adaptation-ms",
     "scheduler": "--scheduler",
     "checkpoint_memory_mib": "--checkpoint-memory",
     "speculation": "--speculation", "speculative_token_capacity": "--speculative-token-capacity",
@@ -120,8 +118,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="skip timing every prepared graph at startup (costs are then discovered on demand)")
     g = run.add_argument_group(_INTERNALS)
     g.add_argument("--scheduler", choices=tuple(SCHEDULERS), default="helios", help="Helios or a baseline")
-    g.add_argument("--scheduler-policy", choices=("balanced", "throughput"), default="balanced",
-                   help="the Helios preset: balanced (first tokens and smooth streams) or throughput")
+    g.add_argument("--scheduler-policy", choices=("balanced", "throughput", "spec"), default="balanced",
+                   help="balanced (default): the spec's coefficients with the measured deviations of "
+                        "docs/scheduling-utility.md; throughput: no cadence preferences; spec: the spec's table exactly")
     g.add_argument("--scheduler-terminal-value", type=nonnegative_float, metavar="VALUE",
                    help="value per terminal retirement (0 disables)")
     g.add_argument("--scheduler-terminal-age-price", type=nonnegative_float, metavar="PRICE",
@@ -130,13 +129,6 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="time constant of the scheduler's service rates (default: the policy's, 50 ms); "
                         "on a CPU where one decode graph takes longer than it, larger values let "
                         "ready streams share bigger decode batches (docs/server.md)")
-    g.add_argument("--scheduler-prompt-rate-law", choices=tuple(law.value for law in PromptRateLaw), metavar="LAW",
-                   help="how a request's service rate moves before its first output token (default: the "
-                        "policy's; " + ", ".join(law.value for law in PromptRateLaw) +
-                        "; docs/scheduling-utility.md, section 6)")
-    g.add_argument("--scheduler-stall-bound-ms", type=positive_float, metavar="MS",
-                   help="off by default, outside the spec: no prefill or mixed graph may run past the oldest "
-                        "stream's last token + MS (a gap target; docs/scheduling-utility.md, section 4)")
     g.add_argument("--preemption", choices=("price", "off"), default="price",
                    help="price (default): when every slot (or the page pool) is held by running generations, a "
                         "waiting request whose fairness price grew --preemption-price-ratio times above a "
@@ -192,8 +184,7 @@ def run(args: argparse.Namespace) -> int:
             engine=args.engine, model=args.model, scheduler=args.scheduler, policy=args.scheduler_policy,
             terminal_value=args.scheduler_terminal_value, terminal_age_price=args.scheduler_terminal_age_price,
             adaptive_verification_alpha=args.mtp_adaptive_verification_alpha,
-            adaptation_ms=args.scheduler_adaptation_ms, stall_bound_ms=args.scheduler_stall_bound_ms,
-            prompt_rate_law=args.scheduler_prompt_rate_law,
+            adaptation_ms=args.scheduler_adaptation_ms,
             speculation=args.speculation,
             speculative_token_capacity=args.speculative_token_capacity,
             slots=capacity.slots if capacity else args.slots or SIM_SLOTS,

@@ -17,7 +17,7 @@ from typing import Sequence
 import numpy as np
 
 from helios.baselines import make_scheduler
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, preset
+from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, StudyConfig, preset, study_preset
 from helios.engine.core import ChunkedCostModel
 from helios.engine.sim_core import SimCore
 from helios.errors import ConfigError
@@ -35,9 +35,10 @@ from helios.sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from helios.sim.workload import load_workload, rescale
 
 SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs", "sarathi", "vtc", "direct")
-HELIOS_SCHEDULERS = ("helios", "helios-balanced", "helios-throughput", "helios-spec")
+HELIOS_SCHEDULERS = ("helios", "helios-balanced", "helios-throughput", "helios-spec", "helios-spec-table")
 # helios-spec: Helios balanced with adaptive speculation (learned proposals whose acceptance follows the
 # MT-Bench EAGLE curve with per-request variation). Proposal compute is not in the cost model.
+# helios-spec-table: the `spec` policy preset (the spec's table as written, every study switch off).
 SPEC_WIDTHS = range(1, 6)
 SPEC_TOKEN_CAPACITY = 256
 PACKED_BASELINES = ("vllm-fcfs", "sarathi")
@@ -138,25 +139,26 @@ def load_cost_model(name: str) -> CostModel:
 
 
 def split_variant(name: str) -> tuple[str, dict]:
-    """"helios-balanced[stall_pricing=0,adaptation_ms=300]" -> the base name and PolicyConfig
-    overrides (the ablation's variants); a plain name has none. A `+reuse` suffix (`split_reuse`)
-    is not part of the scheduler and is dropped."""
+    """"helios-balanced[stall_pricing=0,adaptation_ms=300]" -> the base name and the overrides of
+    PolicyConfig or StudyConfig fields (the ablation's variants; `variant_configs` splits them); a
+    plain name has none. A `+reuse` suffix (`split_reuse`) is not part of the scheduler and is dropped."""
     name = split_reuse(name)[0]
     if not name.endswith("]") or "[" not in name:
         return name, {}
     base, _, body = name[:-1].partition("[")
-    fields = {f.name: f for f in dataclasses.fields(PolicyConfig)}
+    defaults = {**{f.name: getattr(PolicyConfig(), f.name) for f in dataclasses.fields(PolicyConfig)},
+                **{f.name: getattr(StudyConfig(), f.name) for f in dataclasses.fields(StudyConfig)}}
     overrides = {}
     for item in filter(None, body.split(",")):
         key, eq, text = item.partition("=")
-        if not eq or key not in fields:
+        if not eq or key not in defaults:
             raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: use field=value with a "
-                              f"PolicyConfig field")
-        default = getattr(PolicyConfig(), key)
+                              f"PolicyConfig or StudyConfig field")
+        default = defaults[key]
         if isinstance(default, bool):
             overrides[key] = text.lower() in ("1", "true", "on", "yes")
         elif isinstance(default, Enum):
-            overrides[key] = text  # PolicyConfig takes the value and names the choices when it is wrong
+            overrides[key] = text  # the config takes the value and names the choices when it is wrong
         elif text.lower() in ("none", "off"):
             overrides[key] = None
         else:
@@ -165,6 +167,16 @@ def split_variant(name: str) -> tuple[str, dict]:
             except ValueError:
                 raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: {text!r} is not a number") from None
     return base, overrides
+
+
+def variant_configs(name: str) -> tuple[PolicyConfig, StudyConfig]:
+    """A Helios report name's preset (helios-throughput: throughput; helios-spec-table: the spec's
+    table; else balanced) with its variant overrides, split between PolicyConfig and StudyConfig."""
+    base, overrides = split_variant(name)
+    policy = "throughput" if base.endswith("throughput") else "spec" if base == "helios-spec-table" else "balanced"
+    study_fields = {f.name for f in dataclasses.fields(StudyConfig)}
+    return (replace(preset(policy), **{k: v for k, v in overrides.items() if k not in study_fields}),
+            replace(study_preset(policy), **{k: v for k, v in overrides.items() if k in study_fields}))
 
 
 REUSE_SUFFIX = "+reuse"
@@ -190,10 +202,11 @@ def prefix_cache_for(setup: Setup, scheduler: str) -> PrefixCache | None:
 def build_scheduler(name: str, catalog: Catalog, config: SchedulerConfig):
     """A scheduler by report name: helios-balanced, helios-throughput (or helios), a Helios variant
     (`split_variant`), or a baseline; a `+reuse` suffix (prefix reuse) changes only the run."""
+    full = name
     name, overrides = split_variant(name)
     if name in HELIOS_SCHEDULERS:
-        policy = replace(preset("throughput" if name.endswith("throughput") else "balanced"), **overrides)
-        return make_scheduler("helios", catalog, policy, config)
+        policy, study = variant_configs(full)
+        return make_scheduler("helios", catalog, policy, config, study=study)
     if overrides:
         raise ConfigError("scheduler", f"policy variants apply to Helios only, not {name!r}")
     # vLLM and Sarathi-Serve run each iteration as one packed varlen forward; SimCore can run that.

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 
-from helios.config import AcceptanceEstimate, PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import AcceptanceEstimate, SchedulerConfig, SpeculationMode, StudyConfig, preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
@@ -35,6 +35,10 @@ from helios.sim.loop import Arrival, Simulation
 from helios.sim.shifts import DriftingCostModel, PhasedAcceptance
 
 SECOND = 1_000_000_000
+
+# The table's coefficients (tau = 100 ms, f and g unscaled) with priced stalls and the deferred
+# step: the policy these demonstrations were measured under.
+TABLE_STUDY = StudyConfig(fairness_time_scale=False)
 
 
 @dataclass(frozen=True)
@@ -73,9 +77,9 @@ def drift(funded: bool = True, seed: int = 1, slow=(1 * SECOND, 4 * SECOND), end
     # CONDITIONAL estimate (closer to this curve's true deep acceptance) W=6 against W=4 becomes a
     # knife-edge that the KV term's cost lag tips both ways, and the demonstration would measure
     # that instead of the refresh.
-    s = Scheduler(cat, PolicyConfig(estimate_ttl_ns=SECOND),
-                  SchedulerConfig(speculation=SpeculationMode.FIXED, funded_exploration=funded,
-                                  acceptance_estimate=AcceptanceEstimate.SPEC))
+    s = Scheduler(cat, replace(preset("spec"), estimate_ttl_ns=SECOND),
+                  SchedulerConfig(speculation=SpeculationMode.FIXED, funded_exploration=funded),
+                  study=replace(TABLE_STUDY, acceptance_estimate=AcceptanceEstimate.SPEC))
     s.seed_costs({shape: [base.duration_ns(shape, [64])] for shape in cat}, 0)
     core = SimCore(cat, model, seed=seed, noise=0.02, acceptance=AcceptanceModel(seed=seed, spread=0.0))
     sim = Simulation(s, core)
@@ -92,7 +96,7 @@ def acceptance(funded: bool = True, seed: int = 1, concurrency: int = 4, switch_
     # the wider programs' estimates from 64-token contexts (see the module docstring).
     model = replace(SyntheticCostModel.realistic_small(), c_kv=0)
     config = SchedulerConfig(speculation=SpeculationMode.ADAPTIVE, funded_exploration=funded)
-    s = Scheduler(cat, PolicyConfig(), config)
+    s = Scheduler(cat, preset("spec"), config, study=TABLE_STUDY)
     s.seed_costs({shape: [model.duration_ns(shape, [64])] for shape in cat}, 0)
     # A population prior preseeded at zero (learned on traffic whose drafts never survived): every
     # wider round is worth exactly width one's value, so only a probe's observation can change that.

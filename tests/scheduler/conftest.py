@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from hypothesis import strategies as st
 
-from helios.config import PolicyConfig, SchedulerConfig
+from helios.config import PolicyConfig, SchedulerConfig, StudyConfig, preset, study_preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.runtime.driver import SyncDriver
@@ -35,10 +36,47 @@ class FixedCosts:
         return int(self.table[shape] * MS)
 
 
-def make(table: dict, *, measured=True, policy=None, config=None, now=0, unmeasured=()) -> Scheduler:
+# The `spec` preset: the spec's table as written, every study switch off. Tests written from the
+# spec's text run under it (make's default).
+SPEC_POLICY = preset("spec")
+SPEC_STUDY = StudyConfig.spec()
+# The study switches that PolicyConfig() held before issue 45 (priced stalls and the deferred step,
+# f and g unscaled): what the tests of those extensions run under, with the table's coefficients.
+PRICED = StudyConfig(fairness_time_scale=False)
+
+
+def table_policy(**overrides) -> PolicyConfig:
+    """The spec's table with some coefficients overridden."""
+    return PolicyConfig(**{"adaptation_ms": SPEC_POLICY.adaptation_ms, **overrides})
+
+
+class Configs(tuple):
+    """A (PolicyConfig, StudyConfig) pair whose fields also read as attributes (the exhaustive
+    scorers read coefficients and switches alike)."""
+
+    def __getattr__(self, name):
+        return getattr(self[1] if name in StudyConfig.__dataclass_fields__ else self[0], name)
+
+
+def configs(**overrides) -> Configs:
+    """(table_policy, PRICED) with `overrides` set on whichever of the two has the field."""
+    study_fields = set(StudyConfig.__dataclass_fields__)
+    return Configs((table_policy(**{k: v for k, v in overrides.items() if k not in study_fields}),
+                    replace(PRICED, **{k: v for k, v in overrides.items() if k in study_fields})))
+
+
+def preset_configs(name: str) -> Configs:
+    """A preset's coefficients and study switches, as `flare run --scheduler-policy NAME` serves them."""
+    return Configs((preset(name), study_preset(name)))
+
+
+def make(table: dict, *, measured=True, policy=None, config=None, now=0, unmeasured=(), study=None) -> Scheduler:
     """Scheduler over `table`'s shapes; `measured` seeds every cost but `unmeasured` with one
-    observation."""
-    s = Scheduler(Catalog(table), policy or PolicyConfig(), config or SchedulerConfig())
+    observation. `policy` may be a (PolicyConfig, StudyConfig) pair (`configs`); by default the
+    spec preset (SPEC_POLICY, SPEC_STUDY), or the table's coefficients with `study`."""
+    if isinstance(policy, tuple):
+        policy, study = policy
+    s = Scheduler(Catalog(table), policy or SPEC_POLICY, config or SchedulerConfig(), study=study or SPEC_STUDY)
     if measured:
         s.seed_costs({shape: [int(ms * MS)] for shape, ms in table.items() if shape not in unmeasured}, now)
     return s

@@ -6,10 +6,10 @@ import numpy as np
 
 import pytest
 
-from helios.config import PolicyConfig
 from helios.scheduler import ExecutionTiming
 
 from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, records_for, spec
+from conftest import configs
 
 TABLE = {decode(1): 10.0, decode(2): 10.0, decode(4): 10.0, prefill(64): 5.0, prefill(64, 4): 5.0}
 TAU = 100.0
@@ -17,7 +17,7 @@ TAU = 100.0
 
 # These tests check which interval counts, in physical tokens; tests/scheduler/test_normalizers.py
 # checks the phase normalization itself.
-PHYSICAL = PolicyConfig(phase_normalized=False)
+PHYSICAL = configs(phase_normalized=False)
 
 
 def two_decoders():

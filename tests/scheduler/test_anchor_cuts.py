@@ -9,13 +9,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import SchedulerConfig, SpeculationMode
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
 from helios.scheduler import Scheduler
 from helios.scheduler.anchors import AnchorCuts, tiled_ms
 
 from tests.scheduler.conftest import MS, FixedCosts, assert_all_ended, cancel_pick, decode, drain, make, prefill, sim_driver, spec, step
+from tests.scheduler.conftest import table_policy
 
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
 # One-row prefill: 64 tokens in 30 ms, 256 in 80 ms (the cheaper per token); snapshot 2 ms.
@@ -104,7 +105,7 @@ def test_unknown_costs_disable_extra_cuts_but_keep_the_terminal_capture():
 
 
 def test_expired_snapshot_cost_skips_the_copy_after_the_split():
-    s = make(TABLE, policy=PolicyConfig(estimate_ttl_ns=50 * MS))
+    s = make(TABLE, policy=table_policy(estimate_ttl_ns=50 * MS))
     s.admit(spec(prompt=300, out=2, endpoints=(250,)), 0)
     assert s.anchors.requests  # planned while the estimates were fresh
     s.advance_to(60 * MS)  # the snapshot estimate expires before the cut is reached

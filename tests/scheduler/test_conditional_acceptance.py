@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios.config import AcceptanceEstimate, SchedulerConfig, SpeculationMode
+from helios.config import AcceptanceEstimate, SchedulerConfig, SpeculationMode, StudyConfig
 from helios.errors import ConfigError
 from helios.scheduler.speculation import (START_WEIGHT, PopulationPrior, ProposalSource, SpeculationColumns,
                                           SpeculationModel, conditional_survival)
@@ -153,11 +153,12 @@ def test_without_evidence_the_start_is_geometric_at_the_population_pooled_rate(p
 
 
 def test_the_config_names_the_estimate_and_the_scheduler_uses_it():
-    assert SchedulerConfig().acceptance_estimate is AcceptanceEstimate.CONDITIONAL
-    assert SchedulerConfig(acceptance_estimate="spec").acceptance_estimate is AcceptanceEstimate.SPEC
+    assert StudyConfig().acceptance_estimate is AcceptanceEstimate.CONDITIONAL  # the presets' deviation
+    assert StudyConfig.spec().acceptance_estimate is AcceptanceEstimate.SPEC
+    assert StudyConfig(acceptance_estimate="spec").acceptance_estimate is AcceptanceEstimate.SPEC
     with pytest.raises(ConfigError, match="acceptance_estimate"):
-        SchedulerConfig(acceptance_estimate="geometric")
+        StudyConfig(acceptance_estimate="geometric")
     for estimate in AcceptanceEstimate:
-        s = make({prefill(64): 1.0}, config=SchedulerConfig(speculation=SpeculationMode.ADAPTIVE,
-                                                             acceptance_estimate=estimate))
+        s = make({prefill(64): 1.0}, config=SchedulerConfig(speculation=SpeculationMode.ADAPTIVE),
+                 study=StudyConfig(acceptance_estimate=estimate))
         assert s.speculation.estimate is estimate

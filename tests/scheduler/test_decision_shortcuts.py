@@ -172,7 +172,7 @@ def test_decode_lanes_from_the_views_cursors_equal_the_tables():
     for i in range(5):
         s.admit(spec(prompt=40 + 8 * i, out=50), 0)
     fence = 0
-    while (view := current_view(s)) is None or view.decode_cursor is None or len(view.decode_rows) < 5:
+    while (view := current_view(s.selection, s.now_ns)) is None or view.decode_cursor is None or len(view.decode_rows) < 5:
         fence += 1
         step(s, s.plan(), fence)
     members = np.arange(len(view.decode_rows))[::-1]

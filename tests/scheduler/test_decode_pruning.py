@@ -10,6 +10,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from helios.scheduler.cost import CostState
+from helios.scheduler.memo import Memo
 from helios.scheduler.policy import Candidate, LanePool, best, decode_candidates, finish_candidate
 from helios.scheduler.utility import ranked_lanes, stall_growth
 
@@ -63,7 +64,7 @@ def test_pruned_capacities_never_change_the_winner_or_the_stale_alternatives(poo
              for b, t, st_ in zip(CAPACITIES, times, states)}
     costs = table.__getitem__
     shapes = tuple(table)
-    got, want = decode_candidates(shapes, costs, pool, waiting), reference(shapes, costs, pool, waiting)
+    got, want = decode_candidates(Memo(), shapes, costs, pool, waiting), reference(shapes, costs, pool, waiting)
     assert best(got).key == best(want).key
     assert best(got).members.tolist() == best(want).members.tolist()
     # Only fresh candidates are ever pruned: a funded timing refresh still sees every stale one.

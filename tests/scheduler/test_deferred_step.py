@@ -6,12 +6,12 @@ import dataclasses
 
 import pytest
 
-from helios.config import PolicyConfig, preset
+from helios.config import preset, study_preset
 from helios.graphs import GraphKind
 from helios.scheduler.policy import Deferred
 from helios.scheduler.utility import deferred_rate_score, rate_score
 
-from conftest import Driver, FixedCosts, decode, make, prefill, shift_log_x, spec
+from conftest import Driver, FixedCosts, configs, decode, make, prefill, preset_configs, shift_log_x, spec
 from mixed_helpers import small_mixed_catalog
 
 
@@ -52,11 +52,11 @@ def _first_chunk(policy):
 
 
 def test_a_long_prompt_rides_with_the_decoders_instead_of_deferring_them():
-    plan, streams = _first_chunk(preset("balanced"))
+    plan, streams = _first_chunk(preset_configs("balanced"))
     assert plan.shape.kind is GraphKind.MIXED and set(streams) <= set(plan.handles)
     # The same decision without the deferred step: the fresh prompt's price buys a chunk alone, and the
     # four streams need a decode graph of their own afterwards (the behaviour before this rule).
-    plan, streams = _first_chunk(dataclasses.replace(preset("balanced"), deferred_step_pricing=False))
+    plan, streams = _first_chunk((preset("balanced"), dataclasses.replace(study_preset("balanced"), deferred_step_pricing=False)))
     assert plan.shape.kind is GraphKind.PREFILL and not set(streams) & set(plan.handles)
 
 
@@ -75,7 +75,7 @@ def _starved_stream_step(policy):
 
 
 def test_a_starved_stream_rides_the_full_batch_instead_of_a_graph_of_its_own():
-    plan, streams = _starved_stream_step(PolicyConfig())
+    plan, streams = _starved_stream_step(configs())
     assert plan.shape == decode(4) and set(plan.handles) == set(streams)
-    plan, streams = _starved_stream_step(dataclasses.replace(PolicyConfig(), deferred_step_pricing=False))
+    plan, streams = _starved_stream_step(configs(deferred_step_pricing=False))
     assert plan.shape == decode(1) and plan.handles == (streams[0],)

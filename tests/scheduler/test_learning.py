@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import SchedulerConfig, SpeculationMode
 from helios.errors import StalePlan
 from helios.graphs import GraphKind, GraphShape
 from helios.scheduler import CompletionRecord, ExecutionTiming, SelectionReason
@@ -15,6 +15,7 @@ from helios.scheduler.policy import Candidate
 from helios.scheduler.speculation import START_WEIGHT, PopulationPrior, PrefixColumns, ProposalSource
 
 from conftest import MS, Driver, make, prefill, records_for, spec, step
+from conftest import table_policy
 
 PROBE = SelectionReason.ACCEPTANCE_LEARNING
 SECOND = 1_000 * MS
@@ -31,7 +32,7 @@ def costs(deep_ms=10.5):
 
 def low_acceptance(mode=SpeculationMode.ADAPTIVE, out=100_000, deep_ms=10.5, ttl_ns=30 * SECOND):
     """One decoding stream whose acceptance was observed low, so ordinary selection runs width one."""
-    s = make(costs(deep_ms), policy=PolicyConfig(estimate_ttl_ns=ttl_ns),
+    s = make(costs(deep_ms), policy=table_policy(estimate_ttl_ns=ttl_ns),
              config=SchedulerConfig(speculation=mode, draft_capacity=3))
     h = s.admit(spec(64, out), 0)
     Driver(s).run(1)  # the prompt

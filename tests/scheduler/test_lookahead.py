@@ -7,7 +7,7 @@ from itertools import chain, combinations
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 
 from helios.scheduler.lookahead import two_stage
 from helios.scheduler.prerequisites import continuation_index
@@ -17,26 +17,36 @@ def subsets(items):
     return chain.from_iterable(combinations(range(len(items)), k) for k in range(len(items) + 1))
 
 
-def brute_force(newly, ready, terminal, bp, bg, t, f, w):
-    """Every subset triple, scored from scratch: (best score, most requests at that score)."""
-    best = None
+def brute_force(newly, ready, terminal, bp, bg, t, f, w, fixed=None, fixed_newly=False):
+    """Every subset triple, scored from scratch: (best score, most requests at that score). Spec,
+    "Prerequisites and completion": unused prerequisite capacity advances further newly ready rows
+    at no extra physical cost, and equal value rates prefer advancing more requests. `fixed`: one
+    following row chosen beforehand (a mixed graph's prompt row), newly ready or already ready."""
+    cands = []
+    own = 1 if fixed is not None and fixed_newly else 0  # prerequisite rows the fixed row takes
     for sn in subsets(newly):
         for sm in subsets(terminal):
-            if len(sn) + len(sm) > bp:
-                continue
-            if sn:
+            if (sn or own) and len(sn) + len(sm) + own <= bp:
                 for sr in subsets(ready):
-                    if len(sn) + len(sr) > bg:
+                    if len(sn) + len(sr) + (fixed is not None) > bg:
                         continue
                     value = sum(newly[i] for i in sn) + sum(ready[i] for i in sr) + sum(terminal[i] for i in sm)
-                    cand = (value / (t + f) - (t + f) / 2 * w, len(sn) + len(sr) + len(sm))
-                    best = cand if best is None or cand > best else best
-            elif sm:
+                    value += fixed or 0.0
+                    spare = min(len(newly) - len(sn), bp - own - len(sn) - len(sm))
+                    count = len(sn) + len(sr) + len(sm) + spare + (fixed is not None)
+                    cand = (value / (t + f) - (t + f) / 2 * w, count)
+                    cands.append(cand)
+            if not sn and sm and len(sm) <= bp:
                 value = sum(terminal[i] for i in sm)
-                # Spare prerequisite capacity advances newly ready rows at no cost.
+                # The first stage alone: its spare capacity advances newly ready rows at no cost.
                 cand = (value / t - t / 2 * w, len(sm) + min(len(newly), bp - len(sm)))
-                best = cand if best is None or cand > best else best
-    return best
+                cands.append(cand)
+    if not cands:
+        return None
+    # Equal rates up to rounding (the same rows summed in another order, a relative difference
+    # near 1e-16): the most requests. Rates that differ more, however small, are not equal.
+    top = max(score for score, _ in cands)
+    return top, max(n for score, n in cands if abs(score - top) <= 1e-12 * abs(top))
 
 
 values = st.lists(st.floats(0.0, 50.0, allow_nan=False), max_size=4)
@@ -45,6 +55,11 @@ values = st.lists(st.floats(0.0, 50.0, allow_nan=False), max_size=4)
 @settings(max_examples=300, deadline=None)
 @given(values, values, values, st.integers(1, 4), st.integers(1, 4), st.floats(0.1, 20.0), st.floats(0.1, 20.0),
        st.sampled_from([0.0, 0.01, 0.5]))
+# Equal rows in `newly` and `ready`: the two equal-rate cohorts' sums round differently.
+@example([1.3770856054250942, 29.686218967909937, 49.38990081612347, 49.48438902916358], [1.3770856054250942], [],
+         4, 4, 1.0, 1.0, 0.0)
+# Two newly ready rows and one ready row against one and two: the same sum, rounded apart.
+@example([18.969273363775365, 18.969273363775365], [46.0, 18.969273363775365], [], 2, 3, 1.0, 1.0, 0.0)
 def test_two_stage_matches_exhaustive_enumeration(newly, ready, terminal, bp, bg, t, f, w):
     got = two_stage(newly, ready, terminal, bp, bg, t, f, w)
     want = brute_force(newly, ready, terminal, bp, bg, t, f, w)
@@ -57,6 +72,34 @@ def test_two_stage_matches_exhaustive_enumeration(newly, ready, terminal, bp, bg
     # Equal value rates prefer advancing more requests.
     if abs(got.score - want[0]) <= 1e-9 * max(1.0, abs(want[0])):
         assert got.advanced == want[1]
+
+
+@settings(max_examples=300, deadline=None)
+@given(values, values, values, st.integers(1, 4), st.integers(2, 4), st.floats(0.1, 20.0), st.floats(0.1, 20.0),
+       st.sampled_from([0.0, 0.01, 0.5]), st.floats(0.0, 80.0), st.booleans())
+@example([0.0], [], [2.2250738585072014e-308], 1, 2, 1.0, 1.0, 0.0, 0.0, False)  # a tiny rate is still higher
+def test_a_mixed_prompt_row_leaves_an_exact_two_stage_problem(newly, ready, terminal, bp, bg, t, f, w, prompt,
+                                                               prompt_newly):
+    """Spec, "Mixed execution contract": before a mixed graph the prompt row is absent, already
+    ready, or enabled by the prerequisite; each case is an exact two-stage problem for the decode
+    and terminal rows, checked against every subset."""
+    got = two_stage(newly, ready, terminal, bp, bg, t, f, w, prompt, prompt_newly)
+    want = brute_force(newly, ready, terminal, bp, bg, t, f, w, prompt, prompt_newly)
+    if want is None:
+        assert got is None
+        return
+    assert got.score == pytest.approx(want[0], rel=1e-9, abs=1e-9)
+    if got.sequence:
+        assert got.fixed and (got.newly >= 1 or prompt_newly)  # a newly ready row takes part
+    if abs(got.score - want[0]) <= 1e-9 * max(1.0, abs(want[0])):
+        assert got.advanced == want[1]
+
+
+def test_spare_prerequisite_capacity_advances_every_waiting_row():
+    """A prerequisite of batch four with three newly ready rows and a following graph of two: the
+    sequence serves two, and the spare rows advance the third at no extra physical cost."""
+    got = two_stage([5.0, 4.0, 3.0], [], [], 4, 2, 1.0, 2.0)
+    assert got.sequence and got.newly == 2 and got.spare == 1 and got.advanced == 3
 
 
 def test_snapshot_cost_sweep_enables_the_shared_decode_only_with_enough_value_per_time():
@@ -81,7 +124,7 @@ def test_terminal_rows_fill_the_prerequisite_and_can_win_alone():
     # A cheap snapshot graph with two terminal completions: their value alone over T beats the
     # sequence whose following graph is slow and adds little.
     got = two_stage([1.0], [], [50.0, 40.0], 4, 4, 2.0, 100.0)
-    assert not got.sequence and got.terminal == 2 and got.newly == 1  # spare capacity advances it
+    assert not got.sequence and got.terminal == 2 and got.spare == 1  # spare capacity advances it
     got = two_stage([500.0], [], [50.0, 40.0], 3, 4, 2.0, 10.0)
     assert got.sequence and (got.newly, got.terminal) == (1, 2)
 

@@ -13,6 +13,7 @@ from helios.scheduler.policy import Budget
 from helios.scheduler.selection import cost_lookup, current_view
 
 from conftest import MS, Driver, FixedCosts, decode, make, prefill, spec
+from conftest import configs
 from mixed_helpers import decoders_and_prompts, mixed
 
 MIXED = GraphKind.MIXED
@@ -22,9 +23,9 @@ TABLE = {decode(1): 5.0, decode(2): 5.2, decode(4): 5.5, prefill(64): 6.0, prefi
 
 
 def candidates(s):
-    view = current_view(s)
+    view = current_view(s.selection, s.now_ns)
     prompts = view.prefill.get(GraphKind.PREFILL)
-    return mixed_candidates(s.shapes.mixed, cost_lookup(s.costs, s.now_ns), view.decode,
+    return mixed_candidates(s.memo, s.shapes.mixed, cost_lookup(s.costs, s.now_ns), view.decode,
                             None if prompts is None else prompts[0], view.waiting, Budget(64, 1 << 20))
 
 
@@ -182,11 +183,10 @@ def _long_prompt_among_mixed_decoders(policy):
 
 
 def test_the_off_by_default_stall_bound_also_holds_for_mixed_graphs():
-    from helios.config import PolicyConfig
     # Without the bound the prompt's growing price buys the 82-ms graph with the 1024-token chunk.
-    served, carried, gap = _long_prompt_among_mixed_decoders(PolicyConfig())
+    served, carried, gap = _long_prompt_among_mixed_decoders(configs())
     assert served and max(carried) == 82.0 and gap >= 82.0
     # With it, no graph carrying the prompt runs past the oldest decoder's age + T <= 40 ms: it takes
     # 256-token chunks and the decoders' gaps stay within the bound.
-    served, carried, gap = _long_prompt_among_mixed_decoders(PolicyConfig(stall_bound_ms=40.0))
+    served, carried, gap = _long_prompt_among_mixed_decoders(configs(stall_bound_ms=40.0))
     assert served and max(carried) == 27.0 and gap <= 40.0

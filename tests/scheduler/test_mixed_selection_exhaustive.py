@@ -12,11 +12,11 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from helios.config import PolicyConfig
 from helios.graphs import GraphKind, GraphShape
 from helios.scheduler.requests import Phase
 
 from conftest import MS, REQUEST_STATE, decode, prefill, with_states
+from conftest import configs
 
 
 def mixed(b, c):
@@ -129,9 +129,9 @@ def build(states, policy):
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(REQUEST_STATE, min_size=1, max_size=6),
-       st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0), PolicyConfig(token_fairness=0.0),
-                        PolicyConfig(fairness_time_scale=True), PolicyConfig(served_stall_pricing=False),
-                        PolicyConfig(deferred_step_pricing=False)]))
+       st.sampled_from([configs(), configs(decode_age_price=2.0), configs(token_fairness=0.0),
+                        configs(fairness_time_scale=True), configs(served_stall_pricing=False),
+                        configs(deferred_step_pricing=False)]))
 def test_every_legal_mixed_cohort_against_exhaustive_enumeration(states, policy):
     s = build(states, policy)
     p = s.plan()
@@ -156,6 +156,6 @@ def test_enumeration_size():
     """The brute force's size at the largest drawn population (six requests), three decoders
     and three prompts: decode 3 + 6 + 7, prefill 2 x 3, mixed per prompt capacity B=2: 6
     decode-only + 3 x 4 with a prompt row, B=4: 7 + 3 x 8; in all 120 (shape, cohort) pairs."""
-    s = build([(True, 0.0, 0.0, 10, 50)] * 3 + [(False, 0.0, 0.0, 0, 100)] * 3, PolicyConfig())
-    _, count = brute_force(s, PolicyConfig())
+    s = build([(True, 0.0, 0.0, 10, 50)] * 3 + [(False, 0.0, 0.0, 0, 100)] * 3, configs())
+    _, count = brute_force(s, configs())
     assert count == 16 + 6 + 2 * (18 + 31) == 120

@@ -5,7 +5,7 @@ from helios.config import preset
 from helios.graphs import GraphKind
 from helios.scheduler.cost import CostState
 
-from conftest import MS, Driver, FixedCosts, decode, make, spec
+from conftest import MS, Driver, FixedCosts, decode, make, preset_configs, spec
 from mixed_helpers import mixed, small_mixed_catalog
 
 MIXED = GraphKind.MIXED
@@ -19,7 +19,7 @@ def test_decoders_keep_being_served_while_a_long_prompt_is_prefilled():
     # these 6-27 ms graphs the stall price grows half as fast, four chunks run alone first and
     # the stream a B=4 mixed graph leaves out waits 160 ms (docs/scheduling-utility.md, section 5).
     table = catalog()
-    s = make(table, policy=preset("balanced"))
+    s = make(table, policy=preset_configs("balanced"))
     d = Driver(s, FixedCosts(table))
     streams = [s.admit(spec(prompt=64, out=120), 0) for _ in range(4)]
     d.run(8)  # the streams' prompts, then decoding

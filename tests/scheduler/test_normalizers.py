@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios.config import PolicyConfig
 from helios.scheduler import ExecutionTiming
 from helios.scheduler.requests import DECODE, PREFILL
 from helios.scheduler.service import PHYSICAL, Normalizers, ewma_log, reference_normalizers
 from helios.scheduler.utility import stall_cost, stall_growth
 
 from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for, spec, step
+from conftest import configs
 
 TAU = 100.0
 TABLE = {decode(1): 10.0, decode(2): 11.0, decode(4): 12.0, prefill(64): 8.0, prefill(256): 20.0,
@@ -41,7 +41,7 @@ def test_the_scheduler_records_the_commit_time_normalizers_on_each_frame():
     frame = s.queue.frames[0]
     assert frame.normalizers.log_prefill == pytest.approx(math.log(R_PREFILL))
     assert frame.normalizers.log_decode == pytest.approx(math.log(R_DECODE))
-    assert make(TABLE, policy=PolicyConfig(phase_normalized=False))._normalizers() == PHYSICAL
+    assert make(TABLE, policy=configs(phase_normalized=False))._normalizers() == PHYSICAL
 
 
 @settings(deadline=None, max_examples=40)  # timing-free: a loaded machine must not fail it
@@ -94,7 +94,7 @@ def test_a_fresh_prefill_does_not_enter_decode_looking_over_served():
     physical rates its token rate is that of a prefill (~100x a decoder's), so its price is the
     lowest; with shares of the machine it enters decode comparable to the others."""
     def rates(normalized):
-        s = make(TABLE, policy=PolicyConfig(phase_normalized=normalized))
+        s = make(TABLE, policy=configs(phase_normalized=normalized))
         old = [s.admit(spec(prompt=64, out=400), 0) for _ in range(2)]
         d = Driver(s, FixedCosts(TABLE))
         for _ in range(30):
@@ -145,8 +145,8 @@ def test_priced_stalls_keep_decoder_gaps_shorter(n):
     # price growth alone: the deferred step (on by default) also shortens the gaps, and at 16
     # decoders it keeps them as short without the growth (with it on: 245 ms with the growth, 243 without).
     alone = dict(adaptation_ms=30.0, deferred_step_pricing=False)
-    served, _, gap = _long_prompt_among_decoders(PolicyConfig(**alone), n)
-    served_off, _, gap_off = _long_prompt_among_decoders(PolicyConfig(**alone, stall_pricing=False), n)
+    served, _, gap = _long_prompt_among_decoders(configs(**alone), n)
+    served_off, _, gap_off = _long_prompt_among_decoders(configs(**alone, stall_pricing=False), n)
     assert served and served_off  # the prompt's first token comes out either way
     assert gap < gap_off
 
@@ -154,13 +154,13 @@ def test_priced_stalls_keep_decoder_gaps_shorter(n):
 def test_zero_fairness_coefficients_remove_the_stall_price():
     # Nothing grows without f and g, so nothing is charged (and, as the spec warns, nothing then
     # keeps the prompt from starving behind beta-valued output tokens).
-    zero = PolicyConfig(token_fairness=0.0, delivery_fairness=0.0, adaptation_ms=30.0)
+    zero = configs(token_fairness=0.0, delivery_fairness=0.0, adaptation_ms=30.0)
     assert _long_prompt_among_decoders(zero) == _long_prompt_among_decoders(
-        PolicyConfig(token_fairness=0.0, delivery_fairness=0.0, adaptation_ms=30.0, stall_pricing=False))
+        configs(token_fairness=0.0, delivery_fairness=0.0, adaptation_ms=30.0, stall_pricing=False))
 
 
 def test_the_off_by_default_stall_bound_drops_long_chunks_near_an_old_decoder():
-    served, chunks, gap = _long_prompt_among_decoders(PolicyConfig(stall_bound_ms=60.0, stall_pricing=False))
+    served, chunks, gap = _long_prompt_among_decoders(configs(stall_bound_ms=60.0, stall_pricing=False))
     # age + T + the fastest (10-ms) decode step <= 60 ms: no 80-ms chunk while a decoder waits.
     assert served and 1024 not in chunks and gap < 80.0
 

@@ -4,11 +4,12 @@ import math
 
 import pytest
 
-from helios.config import PolicyConfig, SchedulerConfig
+from helios.config import SchedulerConfig
 from helios.graphs import GraphKind
 from helios.scheduler.cost import CostState
 
 from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, spec
+from conftest import table_policy
 
 # A measured synthetic catalog shaped like a ~7B model on one modern GPU.
 CATALOG = {
@@ -118,7 +119,7 @@ def test_long_decode_pair_progresses_together():
 
 def test_prefill_decode_contention_smaller_prefill_near_the_knee():
     def chosen(age_price, decoders):
-        s, d = drive(policy=PolicyConfig(decode_age_price=age_price))
+        s, d = drive(policy=table_policy(decode_age_price=age_price))
         for _ in range(decoders):
             s.admit(spec(prompt=64, out=1000), 0)
         d.run(8)
@@ -138,7 +139,7 @@ def test_prefill_decode_contention_smaller_prefill_near_the_knee():
 
 def test_graph_expiry_and_recovery():
     ttl = 1_000 * MS
-    s, d = drive(policy=PolicyConfig(estimate_ttl_ns=ttl))
+    s, d = drive(policy=table_policy(estimate_ttl_ns=ttl))
     s.admit(spec(prompt=64, out=1000), 0)
     d.run(3)
     s.advance_to(s.now_ns + 2 * ttl)

@@ -1,4 +1,4 @@
-"""The mean-rate laws before a request has history (PolicyConfig.prompt_rate_law, docs/scheduling-utility.md §6).
+"""The mean-rate laws before a request has history (StudyConfig.prompt_rate_law, docs/scheduling-utility.md §6).
 
 A request's starting rate counts as one adaptation time of history, and its rate is its mean progress
 toward its first token since admission (a prompt of P tokens is worth one output token):
@@ -14,20 +14,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios.config import PolicyConfig, PromptRateLaw, preset
+from helios.config import PromptRateLaw, StudyConfig, study_preset
 from helios.scheduler import ExecutionTiming
 from helios.scheduler.planning import project_rates
 from helios.scheduler.requests import DECODE, PREFILL
 from helios.scheduler.service import ewma_log, mean_rate_log
 
 from conftest import MS, Driver, FixedCosts, decode, make, prefill, records_for, spec
+from conftest import configs
 
 TAU = 100.0
 TABLE = {decode(1): 10.0, decode(2): 11.0, decode(4): 12.0, prefill(64): 8.0, prefill(256): 20.0}
-MEAN = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
-UNTIL = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
-FIRST = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.FIRST_OUTPUT)
-OUTPUT = replace(PolicyConfig(), prompt_rate_law=PromptRateLaw.OUTPUT_EWMA)
+MEAN = configs(prompt_rate_law=PromptRateLaw.PROMPT_PHASE)
+UNTIL = configs(prompt_rate_law=PromptRateLaw.UNTIL_SERVED)
+FIRST = configs(prompt_rate_law=PromptRateLaw.FIRST_OUTPUT)
+OUTPUT = configs(prompt_rate_law=PromptRateLaw.OUTPUT_EWMA)
 
 
 @settings(deadline=None, max_examples=60)
@@ -162,7 +163,7 @@ def test_on_output_ewma_the_projection_of_a_queued_chunk_counts_no_service():
     d.fence += 1
     s.commit(plan, d.fence)
     before = s.request_row(h).log_x
-    projected = _projected_log_x(s, h, OUTPUT.prompt_rate_law)
+    projected = _projected_log_x(s, h, OUTPUT[1].prompt_rate_law)
     ns = plan.estimated_duration_ns
     assert float(projected) == pytest.approx(before - ns / MS / TAU, rel=1e-12)
     s.advance_to(s.now_ns + ns)
@@ -273,8 +274,8 @@ def test_a_cancelled_or_finished_prompt_leaves_no_row_on_the_mean_law(policy):
 
 
 def test_only_a_mean_law_puts_rows_on_it_and_the_presets_keep_the_ewma():
-    assert preset("balanced").prompt_rate_law is PromptRateLaw.EWMA
-    assert preset("throughput").prompt_rate_law is PromptRateLaw.EWMA
+    assert study_preset("balanced").prompt_rate_law is PromptRateLaw.EWMA
+    assert study_preset("throughput").prompt_rate_law is PromptRateLaw.EWMA
     s = make(TABLE)
     h = s.admit(spec(prompt=64), 0)
     assert s.requests.mean_law_rows == 0 and np.isnan(s.requests.rate_window_ms[s.requests.row(h)])
@@ -286,4 +287,4 @@ def test_only_a_mean_law_puts_rows_on_it_and_the_presets_keep_the_ewma():
     o = make(TABLE, policy=OUTPUT)
     h = o.admit(spec(prompt=64), 0)
     assert o.requests.mean_law_rows == 0 and np.isnan(o.requests.rate_window_ms[o.requests.row(h)])
-    assert PolicyConfig(prompt_rate_law="output_ewma").prompt_rate_law is PromptRateLaw.OUTPUT_EWMA
+    assert StudyConfig(prompt_rate_law="output_ewma").prompt_rate_law is PromptRateLaw.OUTPUT_EWMA

@@ -2,12 +2,12 @@
 
 import pytest
 
-from helios.config import PolicyConfig
 from helios.errors import InvalidCompletion, QueueFull, StalePlan
 from helios.graphs import GraphKind
 from helios.scheduler import ExecutionTiming
 
 from conftest import MS, shift_log_x, Driver, FixedCosts, decode, make, prefill, records_for, spec
+from conftest import table_policy
 
 TABLE = {decode(1): 8.0, decode(2): 8.5, decode(4): 9.0, prefill(64): 6.0, prefill(64, 4): 9.0,
          prefill(1024): 30.0}
@@ -92,7 +92,7 @@ def test_no_millisecond_cap_on_a_frame_or_the_queue():
 def test_commit_rechecks_freshness():
     ttl = 100 * MS
     table = {decode(2): 500.0, prefill(64, 4): 9.0}  # the queue has not overrun at expiry
-    s, hs, _ = decoding(table=table, policy=PolicyConfig(estimate_ttl_ns=ttl))
+    s, hs, _ = decoding(table=table, policy=table_policy(estimate_ttl_ns=ttl))
     s.commit(s.plan(), 100)
     p2 = s.plan()
     assert not p2.requires_feedback

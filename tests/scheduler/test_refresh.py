@@ -5,19 +5,19 @@ from fractions import Fraction
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from helios.config import PolicyConfig
 from helios.errors import StalePlan
 from helios.scheduler import ExecutionTiming, SelectionReason
 from helios.scheduler.exploration import CAP_NS, Ledger
 
 from conftest import MS, Driver, decode, make, prefill, records_for, spec, step
+from conftest import table_policy
 
 REFRESH = SelectionReason.TIMING_REFRESH
 SECOND = 1_000 * MS
 
 
 def ttl_policy(ttl_ns=SECOND):
-    return PolicyConfig(estimate_ttl_ns=ttl_ns)
+    return table_policy(estimate_ttl_ns=ttl_ns)
 
 
 # ---- the ledger itself -----------------------------------------------------------------------

@@ -16,10 +16,10 @@ import math
 
 from hypothesis import given, settings, strategies as st
 
-from helios.config import PolicyConfig
 from helios.scheduler.requests import Phase
 
 from conftest import MS, REQUEST_STATE, decode, prefill, with_states
+from conftest import configs
 
 TABLE = {decode(1): 8.0, decode(2): 8.6, decode(4): 9.9, prefill(64): 6.0, prefill(256): 13.0,
          prefill(64, 2): 7.5, prefill(64, 4): 10.0}
@@ -120,12 +120,12 @@ def brute_force(s, policy):
 
 
 @settings(max_examples=150, deadline=None)
-@given(st.lists(REQUEST_STATE, min_size=1, max_size=6), st.sampled_from([PolicyConfig(), PolicyConfig(decode_age_price=2.0),
-                                                                       PolicyConfig(token_fairness=0.0),
+@given(st.lists(REQUEST_STATE, min_size=1, max_size=6), st.sampled_from([configs(), configs(decode_age_price=2.0),
+                                                                       configs(token_fairness=0.0),
                                                                        # graphs of ~2 tau: stalls dominate
-                                                                       PolicyConfig(adaptation_ms=4.0),
-                                                                       PolicyConfig(stall_pricing=False),
-                                                                       PolicyConfig(deferred_step_pricing=False)]))
+                                                                       configs(adaptation_ms=4.0),
+                                                                       configs(stall_pricing=False),
+                                                                       configs(deferred_step_pricing=False)]))
 def test_plan_matches_exhaustive_enumeration(states, policy):
     s = with_states(TABLE, states, policy)
     p = s.plan()

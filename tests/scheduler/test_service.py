@@ -11,6 +11,7 @@ from helios.scheduler import planning
 from helios.scheduler.service import PriceCoefficients, ewma_log, log_prices
 
 from conftest import decode, make, prefill, shift_log_x, spec, step
+from conftest import table_policy
 
 intervals = st.lists(st.floats(min_value=0.01, max_value=500.0), min_size=1, max_size=40)
 K = PriceCoefficients.of(PolicyConfig())
@@ -87,7 +88,7 @@ def test_zero_decode_age_price_removes_the_age_term():
     table = {decode(1): 8, decode(2): 9, prefill(64): 7}
 
     def rate_after_gap(age_price, gap_ms):
-        s = make(table, policy=PolicyConfig(decode_age_price=age_price))
+        s = make(table, policy=table_policy(decode_age_price=age_price))
         h = s.admit(spec(), 0)
         step(s, s.plan(), 1)  # prefill and first token
         s.advance_to(s.now_ns + int(gap_ms * 1e6))

@@ -12,13 +12,13 @@ from dataclasses import replace
 
 import pytest
 
-from helios.config import PolicyConfig, PromptRateLaw, SchedulerConfig, preset
+from helios.config import PromptRateLaw, SchedulerConfig, preset, study_preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog
 from helios.scheduler import RequestSpec
 from helios.sim.loop import Arrival, Simulation
 
-from conftest import MS, FixedCosts, decode, make, prefill
+from conftest import MS, FixedCosts, decode, make, prefill, preset_configs
 
 STARTUP_CATALOG = {
     decode(1): 8.0, decode(2): 8.3, decode(4): 8.8, decode(8): 9.6, decode(16): 11.0,
@@ -34,8 +34,9 @@ STARTUP_CATALOG = {
 @pytest.mark.parametrize("policy", ["table", "balanced", "output_ewma"])
 def test_startup_trace_first_output_gaps_and_progress_spread(n, noise, policy):
     costs = FixedCosts(STARTUP_CATALOG)
-    policy = {"table": PolicyConfig(), "balanced": preset("balanced"),
-              "output_ewma": replace(preset("balanced"), prompt_rate_law=PromptRateLaw.OUTPUT_EWMA)}[policy]
+    policy = {"table": preset_configs("spec"), "balanced": preset_configs("balanced"),
+              "output_ewma": (preset("balanced"), replace(study_preset("balanced"),
+                                                          prompt_rate_law=PromptRateLaw.OUTPUT_EWMA))}[policy]
     s = make(STARTUP_CATALOG, config=SchedulerConfig(kv_pages=1 << 16), policy=policy)
     core = SimCore(Catalog(STARTUP_CATALOG), costs, seed=n, noise=noise)
     sim = Simulation(s, core)

@@ -11,7 +11,7 @@ eight-token burst.
 import numpy as np
 import pytest
 
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode, preset
+from helios.config import SchedulerConfig, SpeculationMode, preset, study_preset
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog
 from helios.prepare import speculative_shapes
@@ -44,7 +44,8 @@ def catalog_table():
 @pytest.mark.parametrize("policy", ["table", "balanced"])  # the spec's table and the balanced preset
 def test_speculative_startup_trace(n, accepted, preseeded, policy):
     table = catalog_table()
-    s = Scheduler(Catalog(table), PolicyConfig() if policy == "table" else preset("balanced"),
+    name = "spec" if policy == "table" else "balanced"
+    s = Scheduler(Catalog(table), preset(name), study=study_preset(name),
                   config=SchedulerConfig(kv_pages=1 << 16, speculation=SpeculationMode.ADAPTIVE))
     for shape, ms in table.items():
         s.costs.observe(shape, int(ms * 1e6), 0)

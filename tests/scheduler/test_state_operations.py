@@ -9,13 +9,14 @@ import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helios.baselines import make_scheduler
-from helios.config import PolicyConfig, SchedulerConfig, SpeculationMode
+from helios.config import SchedulerConfig, SpeculationMode
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import speculative_shapes
 from helios.scheduler import FinishReason, Scheduler
 
 from tests.scheduler.conftest import MS, FixedCosts, assert_all_ended, cancel_pick, decode, drain, make, prefill, sim_driver, spec, step
+from tests.scheduler.conftest import table_policy
 
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
 TABLE = {decode(1): 10, decode(4): 14, prefill(64): 30, prefill(64, 4): 60, prefill(256): 80, SNAP: 2, REST: 3}
@@ -39,7 +40,7 @@ def test_terminal_capture_holds_the_finish_until_its_snapshot():
 
 
 def test_terminal_lane_value_is_terminal_value_plus_aged_urgency():
-    policy = PolicyConfig(terminal_value=256.0, terminal_age_price=1.0)
+    policy = table_policy(terminal_value=256.0, terminal_age_price=1.0)
     s = make(TABLE, policy=policy)
     s.admit(spec(prompt=60, out=1, endpoints=(20,)), 0)
     log, _ = drain(s)
@@ -69,7 +70,7 @@ def test_capture_without_endpoints_is_an_extra_funded_by_decode():
 
 
 def test_no_capture_without_terminal_terms():
-    s = make(TABLE, policy=PolicyConfig(terminal_value=0.0, terminal_age_price=0.0))
+    s = make(TABLE, policy=table_policy(terminal_value=0.0, terminal_age_price=0.0))
     s.admit(spec(prompt=60, out=2, endpoints=(20,)), 0)
     assert GraphKind.SNAPSHOT not in [p.shape.kind for p, _ in drain(s)[0]]
 

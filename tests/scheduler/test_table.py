@@ -9,6 +9,7 @@ from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler import ExecutionTiming, Lane, ScheduledPlan, Scheduler, SelectionReason
 from helios.scheduler.plan import NO_SLOT, PlanLanes
 from helios.scheduler.policy import Budget, LanePool
+from helios.scheduler.memo import Memo
 from helios.scheduler.prefill import prefill_candidates
 from helios.scheduler.requests import RequestTable
 
@@ -113,7 +114,7 @@ def test_a_catalog_without_prefill_graphs_is_legal_and_admission_says_why_it_can
     pool = LanePool(np.array([1]), np.array([0]), np.array([NO_SLOT]), np.zeros(1), log_prefill=np.zeros(1),
                     first_token=np.zeros(1), prompt_left=np.array([5]), to_endpoint=np.array([5]),
                     resident=np.array([False]), pages=np.array([1]))
-    assert prefill_candidates((), None, pool, 0.0, Budget(1, 1)) == []
+    assert prefill_candidates(Memo(), (), None, pool, 0.0, Budget(1, 1)) == []
 
 
 def test_a_batch_of_publications_is_the_same_as_one_call_per_handle():

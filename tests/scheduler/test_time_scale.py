@@ -10,7 +10,7 @@ from helios.config import PolicyConfig, preset
 from helios.scheduler.service import PriceCoefficients
 from helios.scheduler.utility import served_cost, stall_cost
 
-from conftest import decode, make
+from conftest import configs, decode, make, preset_configs
 
 COEFF = st.floats(0.0, 100.0)
 LOG_RATE = st.floats(-8.0, 3.0)
@@ -44,8 +44,8 @@ def test_the_table_is_unchanged_before_anything_is_measured_and_on_fast_hardware
 
 def test_the_balanced_scheduler_prices_with_the_calibrated_coefficients():
     table = {decode(1): 40.0, decode(2): 41.0}
-    on = make(table, policy=preset("balanced"))
-    off = make(table, policy=PolicyConfig(adaptation_ms=preset("balanced").adaptation_ms))
+    on = make(table, policy=preset_configs("balanced"))
+    off = make(table, policy=configs(adaptation_ms=preset("balanced").adaptation_ms))
     assert on._coeff() != off._coeff() and off._coeff() == off.coeff
     assert math.isclose(math.exp(on._coeff().log_f), 64 / 40.0)
 

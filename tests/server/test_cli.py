@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from helios.cli import build_parser, main
-from helios.config import BALANCED_ADAPTATION_MS, PromptRateLaw
+from helios.config import BALANCED_ADAPTATION_MS, PolicyConfig, PromptRateLaw, StudyConfig, preset
 from helios.errors import ConfigError
 from helios.server.command import _FLAGS
 
@@ -27,9 +27,6 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--mtp-adaptive-verification-alpha", "0"], "--mtp-adaptive-verification-alpha"),
     (["--scheduler-adaptation-ms", "0"], "--scheduler-adaptation-ms"),
     (["--scheduler-adaptation-ms", "inf"], "--scheduler-adaptation-ms"),
-    (["--scheduler-stall-bound-ms", "0"], "--scheduler-stall-bound-ms"),
-    (["--scheduler-stall-bound-ms", "-40"], "--scheduler-stall-bound-ms"),
-    (["--scheduler-prompt-rate-law", "fifo"], "--scheduler-prompt-rate-law"),
     (["--speculation", "sometimes"], "--speculation"),
     (["--speculative-token-capacity", "0"], "--speculative-token-capacity"),
     (["--prefill-capacity", "100", "--engine", "sim"], "--prefill-capacity"),
@@ -67,29 +64,27 @@ def test_adaptation_constant_reaches_the_scheduler():
     assert build_parser().parse_args(["run", "--scheduler-adaptation-ms", "250"]).scheduler_adaptation_ms == 250.0
 
 
-def test_stall_bound_is_off_unless_asked_for():
-    """--scheduler-stall-bound-ms sets the off-by-default duration bound (outside the spec)."""
+@pytest.mark.parametrize("flag", ["--scheduler-stall-bound-ms", "--scheduler-prompt-rate-law"])
+def test_study_switches_are_not_flags_of_flare_run(capsys, flag):
+    """Study switches (StudyConfig) are not operator knobs: `flare run` refuses them (the duration
+    bound is one the spec forbids); `flare sim --scheduler 'helios-balanced[key=value]'` keeps them."""
+    with pytest.raises(SystemExit) as exc:
+        build_parser().parse_args(["run", flag, "350"])
+    assert exc.value.code == 2 and flag in capsys.readouterr().err
+
+
+def test_the_policy_presets_reach_the_scheduler_with_their_study_switches():
+    """balanced (the default) serves PolicyConfig() with StudyConfig(); spec serves the spec's table
+    with every study switch off (docs/scheduling-utility.md, "Deviations from the spec")."""
     from helios.server import EngineOptions, build_backend
 
-    assert build_backend(EngineOptions(engine="sim")).scheduler.policy.stall_bound_ms is None
-    assert build_backend(EngineOptions(engine="sim", stall_bound_ms=350.0)).scheduler.policy.stall_bound_ms == 350.0
-    assert build_parser().parse_args(["run", "--scheduler-stall-bound-ms", "350"]).scheduler_stall_bound_ms == 350.0
-
-
-def test_the_prompt_rate_law_reaches_the_scheduler_and_a_bad_one_names_the_flag():
-    """--scheduler-prompt-rate-law picks a PromptRateLaw (docs/scheduling-utility.md section 6); unset,
-    the preset's law stays. A law the library refuses maps back to the flag."""
-    from helios.server import EngineOptions, build_backend
-
-    assert build_backend(EngineOptions(engine="sim")).scheduler.policy.prompt_rate_law is PromptRateLaw.EWMA
-    for law in PromptRateLaw:
-        backend = build_backend(EngineOptions(engine="sim", prompt_rate_law=law.value))
-        assert backend.scheduler.policy.prompt_rate_law is law
-    parsed = build_parser().parse_args(["run", "--scheduler-prompt-rate-law", "output_ewma"])
-    assert parsed.scheduler_prompt_rate_law == "output_ewma"
-    with pytest.raises(ConfigError) as err:
-        build_backend(EngineOptions(engine="sim", prompt_rate_law="fifo"))
-    assert err.value.field == "prompt_rate_law" and _FLAGS[err.value.field] == "--scheduler-prompt-rate-law"
+    balanced = build_backend(EngineOptions(engine="sim")).scheduler
+    assert balanced.policy == PolicyConfig() and balanced.study == StudyConfig()
+    assert balanced.study.prompt_rate_law is PromptRateLaw.EWMA and balanced.study.stall_bound_ms is None
+    spec = build_backend(EngineOptions(engine="sim", policy="spec")).scheduler
+    assert spec.policy == preset("spec") and spec.policy.adaptation_ms == 100.0
+    assert spec.study == StudyConfig.spec()
+    assert build_parser().parse_args(["run", "--scheduler-policy", "spec"]).scheduler_policy == "spec"
 
 
 def test_the_mixed_prompt_ladder_reaches_the_catalog():

@@ -27,7 +27,7 @@ def test_operator_flags_come_first_and_study_switches_last():
               for a in g._group_actions}
     assert {"--model", "--port", "--slots", "--max-context", "--weights", "--served-model-name"} <= server
     text = _run_parser().format_help()
-    assert text.index("--model PATH") < text.index("--engine") < text.index("--scheduler-stall-bound-ms")
+    assert text.index("--model PATH") < text.index("--engine") < text.index("--api-key") < text.index("--scheduler-adaptation-ms")
 
 
 def test_every_flag_has_help_and_shows_its_default():

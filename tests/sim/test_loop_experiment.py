@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import replace
 
 import pytest
 
@@ -77,3 +78,24 @@ def test_spread_ticks_keeps_order_within_the_tick():
     assert [r.prompt_tokens for r in out] == [1, 2, 3, 4, 5]
     mooncake = load_workload("mooncake", 12.0)
     assert len({r.arrival_ns for r in mooncake}) == len(mooncake)
+
+
+def test_variants_set_policy_and_study_fields_on_their_preset():
+    """`flare sim --scheduler 'helios-balanced[key=value]'` keeps every study switch (StudyConfig) and
+    coefficient (PolicyConfig) one name away; helios-spec-table is the spec's table as written."""
+    from helios.config import PolicyConfig, StudyConfig, preset
+    from helios.errors import ConfigError
+
+    catalog = SETUP.catalog()
+    sched = build_scheduler("helios-balanced[stall_pricing=0,adaptation_ms=100,prompt_rate_law=output_ewma]",
+                            catalog, SETUP.config())
+    assert sched.policy == replace(PolicyConfig(), adaptation_ms=100.0)
+    assert sched.study == replace(StudyConfig(), stall_pricing=False, prompt_rate_law="output_ewma")
+    plain = build_scheduler("helios-balanced", catalog, SETUP.config())
+    assert (plain.policy, plain.study) == (PolicyConfig(), StudyConfig())
+    table = build_scheduler("helios-spec-table[deferred_step_pricing=1]", catalog, SETUP.config())
+    assert table.policy == preset("spec") and table.study == replace(StudyConfig.spec(), deferred_step_pricing=True)
+    throughput = build_scheduler("helios-throughput", catalog, SETUP.config())
+    assert throughput.policy == preset("throughput") and throughput.study == StudyConfig()
+    with pytest.raises(ConfigError, match="StudyConfig"):
+        build_scheduler("helios-balanced[no_such_switch=1]", catalog, SETUP.config())

@@ -14,6 +14,7 @@ import pathlib
 import numpy as np
 import torch
 
+from helios.engine.model.ggml_blocks import FORMATS as BLOCK_FORMATS, decode as decode_blocks
 # The bundled model's location, in a torch-free module (`flare run` checks the model's header
 # before torch loads).
 from helios.engine.model_files import DIST_NAME, GGUF_FILE, INSTALL_HINT, default_model_path  # noqa: F401
@@ -183,18 +184,16 @@ def load_quantized(path=None) -> dict:
     ``helios.engine.model.ggml_blocks.AffineGroups`` (``[out, in]``, Q/K rows in Hugging Face
     order as :func:`load_weights` returns them) for every 2-D tensor in a format listed in
     ``ggml_blocks.FORMATS``. Tensors in other formats (F32, F16, Q6_K, ...) are left out."""
-    from helios.engine.model import ggml_blocks
-
     reader = open_gguf(path)
     meta = read_metadata(reader)
     config = config_from_metadata(meta, {t.name for t in reader.tensors})
     out = {}
     for tensor in reader.tensors:
         name = tensor.tensor_type.name
-        if name not in ggml_blocks.FORMATS or len(tensor.shape) != 2:
+        if name not in BLOCK_FORMATS or len(tensor.shape) != 2:
             continue
         cols, rows = (int(d) for d in tensor.shape)  # GGUF lists dims innermost-first
-        groups = ggml_blocks.decode(name, tensor.data, rows, cols)
+        groups = decode_blocks(name, tensor.data, rows, cols)
         heads = {"attn_q.weight": config.n_heads, "attn_k.weight": config.n_kv_heads}
         for suffix, n in heads.items():
             if tensor.name.endswith(suffix):
