@@ -275,8 +275,9 @@ class RunResult:
 
 def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup, *, seed: int = 0,
                  slo: SLO, arrival_window_ns: int | None = None, progress: bool | None = None,
-                 scale: float = 1.0) -> RunResult:
+                 scale: float = 1.0, arrivals: Sequence[Arrival] | None = None) -> RunResult:
     """Simulate `requests` (already at their final rate) to completion; deterministic given `seed`.
+    `arrivals` replaces them with ready-made ones (requests with classes and tenants, class_metrics.py).
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
@@ -299,7 +300,7 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     sim = Simulation(sched, core, on_step=tick if bar is not None else None,
                      prefix_cache=prefix_cache_for(setup, scheduler))
-    sim.add(to_arrivals(requests))
+    sim.add(to_arrivals(requests) if arrivals is None else arrivals)
     try:
         sim.run()
     finally:
