@@ -106,7 +106,7 @@ class IterationScheduler(BaselineScheduler):
         rows: Rows = []
         left, slots, pages = budget, self.resources.free_slots, self.resources.free_pages
         running, slot = self.resident_count(), self.requests.slot
-        for r in self.resident_prefills() + self.waiting():
+        for r in self.prefill_candidates():
             if left <= 0:
                 break
             if slot[r] == NO_SLOT:

@@ -34,12 +34,14 @@ from helios.sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from helios.sim.workload import load_workload, rescale
 
 SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs", "sarathi", "vtc", "direct")
+# The class-aware baselines (issue 40): the multi-SLO report's defaults, never the single-class report's.
+CLASS_SCHEDULERS = ("helios-balanced", "vllm-fcfs", "sarathi", "vllm-priority", "edf", "vtc")
 HELIOS_SCHEDULERS = ("helios", "helios-balanced", "helios-throughput", "helios-spec")
 # helios-spec: Helios balanced with adaptive speculation (learned proposals whose acceptance follows the
 # MT-Bench EAGLE curve with per-request variation). Proposal compute is not in the cost model.
 SPEC_WIDTHS = range(1, 6)
 SPEC_TOKEN_CAPACITY = 256
-PACKED_BASELINES = ("vllm-fcfs", "sarathi")
+PACKED_BASELINES = ("vllm-fcfs", "sarathi", "vllm-priority", "edf")
 COST_MODELS = ("h100-70b", "a100-70b-tp2", "a100-34b-tp2", "h100-7b", "realistic-small")
 
 
