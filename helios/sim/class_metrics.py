@@ -10,7 +10,7 @@ rate at which every class attains its own SLO, found by the single-class sweep's
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 import numpy as np
@@ -20,7 +20,7 @@ from helios.scheduler.service_class import ServiceClass
 from helios.sim.experiment import (Setup, decode_ns, load_cost_model, run_workload, solo_prefill_ns,
                                    workload_catalog)
 from helios.sim.loop import Arrival, RequestLog
-from helios.sim.metrics import NS_PER_S, SLO, GoodputResult, e2e_ms, goodput_sweep, percentile, request_gaps_ms, ttft_ms
+from helios.sim.metrics import NS_PER_S, SLO, e2e_ms, percentile, request_gaps_ms, ttft_ms
 from helios.sim.multislo import MultiRequest, MultiWorkload, build_requests, rescale_requests
 
 
@@ -138,10 +138,3 @@ def run_mix(scheduler: str, mix: MultiSetup, setup: Setup, *, scale: float, seed
     return MultiRunMetrics(len(logs) / (window_ns / NS_PER_S), result.metrics.makespan_s, result.metrics.output_tok_s,
                            class_metrics(logs, mix.classes)), sim
 
-
-def mix_goodput(scheduler: str, mix: MultiSetup, setup: Setup, *, seed: int = 0,
-                scales: Sequence[float] = (0.2, 0.4, 0.6, 0.8, 1.0, 1.4, 2.0), resolution: float = 0.05,
-                refine: int = 8) -> GoodputResult:
-    """The highest total rate at which every class attains its SLO for `target` of its requests."""
-    return goodput_sweep(lambda s: run_mix(scheduler, mix, setup, scale=s, seed=seed)[0], scales,
-                         target=mix.workload.target, refine=refine, resolution=resolution)

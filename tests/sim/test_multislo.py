@@ -145,3 +145,23 @@ def test_a_light_mix_run_logs_every_class():
     assert sum(c.requests for c in m.per_class.values()) == len(mix.requests) == len(sim.logs)
     assert {log.service_class for log in sim.logs.values()} == {"chat", "batch"}
     assert all(log.finish is not None for log in sim.logs.values())
+
+
+def test_mix_report_writes_tables_plot_and_json(tmp_path):
+    from helios.sim.multislo_report import MixReportConfig, run_mix_report
+
+    mini = workload_from_mapping({"duration_s": 5.0, "classes": {
+        "chat": {"ttft_scale": 5, "gap_scale": 10, "priority": 0}, "batch": {"deadline_scale": 4, "priority": 1}},
+        "streams": [{"name": "c", "trace": "azure", "class": "chat", "rate": 1.0},
+                    {"name": "b", "trace": "sharegpt", "class": "batch", "rate": 1.0}]})
+    cfg = MixReportConfig(mini, name="mini", schedulers=("sarathi", "vllm-priority"), seeds=(0,), loads=(0.5,),
+                          sweep=(0.5, 50.0), refine=1, setup=Setup(request_slots=8))
+    path = run_mix_report(cfg, tmp_path, command="flare sim report --workload mini")
+    text = path.read_text()
+    assert "| sarathi |" in text and "| vllm-priority |" in text and "chat" in text and "batch" in text
+    assert (tmp_path / "class-attainment.png").stat().st_size > 0
+    data = json.loads((tmp_path / "results.json").read_text())
+    assert {r["scheduler"] for r in data["results"]} == {"sarathi", "vllm-priority"}
+    for r in data["results"]:
+        assert r["status"] in ("bracketed", "at-least", "below")
+        assert set(r["runs"]["0.5"]["classes"]) == {"chat", "batch"}
