@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import math
 
-from helios.baselines.common import Rows
 from helios.baselines.sarathi import SarathiScheduler
-from helios.scheduler.plan import NO_SLOT, RequestHandle
+from helios.scheduler.plan import RequestHandle
 from helios.scheduler.request_spec import RequestSpec
 
 NS_PER_MS = 1_000_000
@@ -26,6 +25,7 @@ NS_PER_MS = 1_000_000
 
 class EdfScheduler(SarathiScheduler):
     name = "edf"
+    blocked_admission_ends_scan = False  # residents later in deadline order still get their chunks
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -44,23 +44,3 @@ class EdfScheduler(SarathiScheduler):
         handles = self.requests.handle
         rows = self.resident_prefills() + self.waiting()
         return sorted(rows, key=lambda r: (self.deadline_ns(int(handles[r])), int(handles[r])))
-
-    def packed_prefill(self, budget: int) -> Rows:
-        rows: Rows = []
-        left, slots, pages = budget, self.resources.free_slots, self.resources.free_pages
-        running, slot, admitting = self.resident_count(), self.requests.slot, True
-        for r in self.prefill_candidates():
-            if left <= 0:
-                break
-            if slot[r] == NO_SLOT:
-                if not admitting:
-                    continue
-                need = self.extent_pages(r)
-                if slots == 0 or need > pages or running >= self.max_running:
-                    admitting = False  # the earliest deadline that cannot start holds admission
-                    continue
-                slots, pages, running = slots - 1, pages - need, running + 1
-            tokens = min(self.prompt_left(r), left)
-            rows.append((r, tokens))
-            left -= tokens
-        return rows

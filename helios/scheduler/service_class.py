@@ -171,37 +171,31 @@ def table_from_mapping(data: Any, source: str = "class table", builtins: bool = 
     if unknown:
         raise ConfigError(f"{source}: {sorted(unknown)[0]}", "unknown key; expected default, classes, tenants")
     classes = {c.name: c for c in BUILTIN_CLASSES} if builtins else {}
-    raw = data.get("classes", {})
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: classes", "must be a table of classes by name")
-    for name, body in raw.items():
-        where = f"{source}: classes.{name}"
-        if not isinstance(body, Mapping):
-            raise ConfigError(where, "must be a table of targets")
-        bad = set(body) - _CLASS_KEYS
-        if bad:
-            raise ConfigError(f"{where}.{sorted(bad)[0]}", f"unknown key; expected {', '.join(sorted(_CLASS_KEYS))}")
-        try:
-            classes[name] = ServiceClass(name, **body)
-        except ConfigError as exc:
-            raise ConfigError(f"{where}.{exc.field}", exc.message.split(": ", 1)[-1]) from None
-    tenants = {}
-    raw = data.get("tenants", {})
-    if not isinstance(raw, Mapping):
-        raise ConfigError(f"{source}: tenants", "must be a table of tenants by name")
-    for name, body in raw.items():
-        where = f"{source}: tenants.{name}"
-        if not isinstance(body, Mapping):
-            raise ConfigError(where, "must be a table with weight and class")
-        bad = set(body) - _TENANT_KEYS
-        if bad:
-            raise ConfigError(f"{where}.{sorted(bad)[0]}", "unknown key; expected weight, class")
-        try:
-            tenants[name] = Tenant(name, body.get("weight", 1.0), body.get("class"))
-        except ConfigError as exc:
-            raise ConfigError(f"{where}.{exc.field}", exc.message.split(": ", 1)[-1]) from None
+    classes.update(_entries(data, "classes", source, _CLASS_KEYS, lambda name, body: ServiceClass(name, **body)))
+    tenants = _entries(data, "tenants", source, _TENANT_KEYS,
+                       lambda name, body: Tenant(name, body.get("weight", 1.0), body.get("class")))
     default = data.get("default", DEFAULT_CLASS_NAME)
     try:
         return ClassTable(classes, tenants, default)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc.field}", exc.message) from None
+
+
+def _entries(data: Mapping, section: str, source: str, keys: set[str], build) -> dict:
+    """`build(name, body)` for every entry of `data[section]`, with errors named `SOURCE: section.NAME.KEY`."""
+    raw = data.get(section, {})
+    if not isinstance(raw, Mapping):
+        raise ConfigError(f"{source}: {section}", f"must be a table of {section} by name")
+    out = {}
+    for name, body in raw.items():
+        where = f"{source}: {section}.{name}"
+        if not isinstance(body, Mapping):
+            raise ConfigError(where, f"must be a table with {', '.join(sorted(keys))}")
+        bad = set(body) - keys
+        if bad:
+            raise ConfigError(f"{where}.{sorted(bad)[0]}", f"unknown key; expected {', '.join(sorted(keys))}")
+        try:
+            out[name] = build(name, body)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.{exc.field}", exc.message.split(": ", 1)[-1]) from None
+    return out

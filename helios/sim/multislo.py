@@ -15,17 +15,16 @@ DistServe style, scaled to the cost model (`ttft_scale`, ...), resolved on the r
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import tomllib
 from dataclasses import dataclass, field, replace
 from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from helios.class_table import read_toml_or_json
 from helios.errors import ConfigError
-from helios.scheduler.service_class import ServiceClass, Tenant
+from helios.scheduler.service_class import Tenant
 from helios.sim.metrics import NS_PER_S
 from helios.sim.traces import TraceRequest, sharegpt_poisson
 from helios.sim.workload import whole_trace
@@ -166,16 +165,7 @@ def workload_from_mapping(data: Any, source: str = "workload") -> MultiWorkload:
 
 def load_workload_file(path: str | os.PathLike[str]) -> MultiWorkload:
     """A workload file (`flare sim report --workload PATH`): TOML by a .toml suffix, else JSON."""
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-        data = tomllib.loads(raw.decode()) if path.endswith(".toml") else json.loads(raw)
-    except OSError as exc:
-        raise ConfigError(path, f"cannot read the workload: {exc.strerror or exc}") from None
-    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(path, f"not valid {'TOML' if path.endswith('.toml') else 'JSON'}: {exc}") from None
-    return workload_from_mapping(data, path)
+    return workload_from_mapping(read_toml_or_json(path, "workload"), os.fspath(path))
 
 
 # The shared multi-SLO workload (docs/simulator.md explains each choice). Rates at scale 1 put about one
