@@ -165,3 +165,26 @@ def test_mix_report_writes_tables_plot_and_json(tmp_path):
     for r in data["results"]:
         assert r["status"] in ("bracketed", "at-least", "below")
         assert set(r["runs"]["0.5"]["classes"]) == {"chat", "batch"}
+
+
+def test_cli_workload_errors_are_one_line(tmp_path, capsys):
+    from helios.cli import main
+
+    bad = tmp_path / "mix.toml"
+    bad.write_text('[classes.chat]\nttft_ms = 100\n[[streams]]\nname = "c"\ntrace = "azure"\nclass = "chat"\nrate = 0\n')
+    assert main(["sim", "report", "--workload", str(bad), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == f"flare sim report: {bad}: streams[0].rate: must be a positive number, got 0"
+    assert not (tmp_path / "out").exists()
+
+
+def test_cli_runs_a_workload_file(tmp_path, capsys):
+    from helios.cli import main
+
+    mix = tmp_path / "mix.json"
+    mix.write_text(json.dumps({"duration_s": 4.0, "classes": {"chat": {"ttft_scale": 5, "gap_scale": 10}},
+                               "streams": [{"name": "c", "trace": "azure", "class": "chat", "rate": 1.0}]}))
+    assert main(["sim", "report", "--workload", str(mix), "--schedulers", "edf", "--seeds", "0", "--loads", "0.5",
+                 "--sweep", "0.5", "--refine", "1", "--out", str(tmp_path / "out")]) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| edf |" in text and "chat" in text
