@@ -4,6 +4,7 @@ policy, EDF on the first-token deadline under Sarathi's budget, and VTC weighted
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from helios.baselines import EdfScheduler, VllmPriorityScheduler, VTCScheduler, make_scheduler
 from helios.baselines.vllm_priority import preemption_victim
@@ -155,3 +156,18 @@ def test_new_baselines_drain_a_mixed_workload():
         assert all(log.finish is not None for log in sim.logs.values()), name
         assert sched.resources.free_slots == 4
     assert make_scheduler("edf", CATALOG).name == "edf"
+
+
+@settings(max_examples=15, deadline=None)
+@given(seed=st.integers(0, 10_000), picks=st.lists(st.integers(0, 2), min_size=8, max_size=8),
+       slots=st.integers(1, 4), name=st.sampled_from(("vllm-priority", "edf")))
+def test_class_baselines_lose_nothing_and_leak_nothing(seed, picks, slots, name):
+    """Invariant: every request of every class finishes, and every slot and page comes back."""
+    from dataclasses import replace
+
+    classes = (GOLD, BRONZE, BATCH)
+    arrivals = [replace(a, spec=replace(a.spec, service_class=classes[picks[i]]))
+                for i, a in enumerate(workload(n=8, seed=seed, prompt=(8, 600), output=(1, 12)))]
+    sched, sim = simulate(name, arrivals, SchedulerConfig(request_slots=slots), packed=True)
+    assert len(sim.logs) == 8 and all(log.finish is not None for log in sim.logs.values())
+    assert sched.resources.free_slots == slots and sched.resources.free_pages == sched.resources.total_pages
