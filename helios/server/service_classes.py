@@ -45,8 +45,8 @@ def request_class(req, policy: ClassPolicy) -> dict:
     name = None
     if policy.field == "service_tier" and req.service_tier not in (None, "auto", "default"):
         name = req.service_tier
-        if name not in table.classes:
-            name = _TIER_ALIASES.get(name, name)
+        if name not in table.classes and _TIER_ALIASES.get(name) in table.classes:
+            name = _TIER_ALIASES[name]
     try:
         if policy.field == "priority" and priority is not None:
             cls: ServiceClass = table.by_priority(priority)
