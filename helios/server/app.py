@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -23,6 +23,7 @@ from helios.server.metrics import CONTENT_TYPE, ServerMetrics
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from helios.server.responses import Choices, collect, events
 from helios.server.sse import EventStreamResponse, Formatter
+from helios.server.service_classes import ClassPolicy, request_class, with_class
 from helios.server.structured_outputs import grammar_param
 from helios.server.translate import Prepared, prepare_chat, prepare_completion
 
@@ -34,6 +35,7 @@ class ServerSettings:
     max_queue: int = 32  # requests admitted beyond the request slots before answering 429
     max_body_bytes: int = 2 * 1024 * 1024
     shutdown_grace_s: float = 5.0  # in-flight requests may finish for this long on shutdown
+    classes: ClassPolicy = field(default_factory=ClassPolicy)  # service classes (--service-classes, --class-field)
 
 
 class Service:
@@ -210,6 +212,7 @@ async def _serve(request: Request, service: Service, req, chat: bool):
     backend = service.backend
     _check_model(req.model, backend.model_id)
     service.check_admission()  # cheap early refusal before tokenizing
+    classed = request_class(req, service.settings.classes)  # an unknown class: 400 before tokenizing
     if chat:
         prepared = await run_in_threadpool(prepare_chat, req, backend.tokenizer, backend.max_context,
                                            backend.vocab_size)
@@ -221,7 +224,7 @@ async def _serve(request: Request, service: Service, req, chat: bool):
         param = grammar_param(req)
         raise APIError(400, f"{param} needs the torch engine on one rank (this server's core cannot "
                             "constrain its output)", param=param, code="unsupported_parameter")
-    choices = service.submit(prepared, chat)
+    choices = service.submit(with_class(prepared, classed), chat)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
     draining = lambda: service.draining  # noqa: E731

@@ -130,10 +130,23 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--max-queue", type=nonnegative_int, default=32,
                    help="requests admitted beyond the slots before answering 429 (default 32)")
     g.add_argument("--max-body-bytes", type=positive_int, default=2 * 1024 * 1024)
+    g.add_argument("--service-classes", metavar="PATH",
+                   help="service classes and tenants, TOML or JSON (docs/server.md); default: the built-in "
+                        "default, interactive, standard and batch")
+    g.add_argument("--class-field", choices=("service_tier", "priority", "user"), default="service_tier",
+                   help="the request field that selects the class (default service_tier)")
     g.add_argument("--shutdown-grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM, in-flight requests may finish for this long, then are cancelled")
     g.add_argument("--sim-pace", type=nonnegative_float, default=1.0, help=argparse.SUPPRESS)
     g.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"), default="warning")
+
+
+def class_policy(path: str | None, class_field: str):
+    """The server's ClassPolicy: the class table of `path` (built-ins when None) and the selecting field."""
+    from helios.class_table import load_class_table
+    from helios.server.service_classes import ClassPolicy
+
+    return ClassPolicy(load_class_table(path), class_field) if path else ClassPolicy(field=class_field)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -142,6 +155,11 @@ def run(args: argparse.Namespace) -> int:
     from helios.server.openmp import choose_wait_policy
     from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
 
+    try:
+        classes = class_policy(args.service_classes, args.class_field)
+    except ConfigError as exc:
+        print(f"flare run: error: --service-classes: {exc}", file=sys.stderr)
+        return 2
     choose_wait_policy()
     try:
         capacity = resolve(args.engine, args.model, args.slots, args.max_context)
@@ -182,7 +200,7 @@ def run(args: argparse.Namespace) -> int:
     if backend.warmup is not None:
         print(f"flare: {backend.warmup.describe()}", file=sys.stderr, flush=True)
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                              shutdown_grace_s=args.shutdown_grace)
+                              shutdown_grace_s=args.shutdown_grace, classes=classes)
     try:
         return serve(backend, settings, args.host, args.port, log_level=args.log_level)
     finally:
