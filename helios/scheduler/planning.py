@@ -47,6 +47,8 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
     """
     n = len(rows)
     log_x, log_z = t.log_x[rows], t.log_z[rows]
+    tau = t.taus(rows, tau_ms)  # a scalar, or each row's own (class prices)
+    own = isinstance(tau, np.ndarray)
     if not len(queue):
         return log_x, log_z, None, None  # nothing queued: no expected delivery either
     has_delivery = np.zeros(n, dtype=bool)
@@ -74,7 +76,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         has_delivery[delivered] = True
         delivery_ns[delivered] = frame.expected_end_ns
         before = log_x[p]
-        log_x[p] = ewma_log(before, d, tokens[p], tau_ms, memo)
+        log_x[p] = ewma_log(before, d, tokens[p], tau[p] if own else tau, memo)
         if window is not None:  # prompts on the mean-rate law, as completion will count them
             progress = np.zeros(n)
             progress[lp[mine]] = first_token_progress(
@@ -87,7 +89,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
             if law is PromptRateLaw.UNTIL_SERVED:
                 window[m[progress[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
-        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms, memo)
+        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau[zp] if own else tau, memo)
     return log_x, log_z, has_delivery, delivery_ns
 
 
@@ -115,7 +117,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     produced = t.output_done[rows] + t.queued_output[rows]
     dec, pre = _servable(t, rows, phase, act, cursor, produced, max_output, max_context, resources)
     # Prompt prices are elementwise: computed only when some prompt can be served.
-    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, study.gradient_prompt_price, with_prompt=len(pre) > 0)
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, study.gradient_prompt_price, with_prompt=len(pre) > 0,
+                                log_w=t.log_weights(rows))
     truncated = len(dec) > max_lanes
     if truncated:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
