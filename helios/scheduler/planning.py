@@ -155,7 +155,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     stall_total = 0.0
     if study.stall_pricing and len(act):
         stall_total = _price_stalls(pool, t, rows, act, drows, lf if everyone else lf[act],
-                                    delivery_dec if same else np.exp(ld_act - scale), scale, same)
+                                    delivery_dec if same else np.exp(ld_act - scale), scale, same,
+                                    policy.adaptation_ms)
         if study.served_stall_pricing:
             pool.steps = decode.steps
     pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms
@@ -194,13 +195,19 @@ def _output_ages(t: RequestTable, drows, dec, queue, has_delivery, delivery_ns, 
 
 
 def _price_stalls(pool: LanePool, t: RequestTable, rows, act, drows, lf_act, delivery_act, scale: float,
-                  same: bool) -> float:
+                  same: bool, tau_ms: float) -> float:
     """What a stall of T does to a decoder's own prices (StudyConfig.stall_pricing): its fairness
     and delivery prices grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's
     price follows. Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
     charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
-    Sets the decode pool's growing prices; returns their sum over every active decoder."""
+    Sets the decode pool's growing prices; returns their sum over every active decoder.
+
+    With class prices a decoder's own tau_i sets its growth, e^(T/tau_i) - 1, which does not factor
+    over one shared g(T). Each price is weighted by tau / tau_i instead: the same growth to first
+    order in T (exact slope at T = 0), so one charge g(T) = e^(T/tau) - 1 still prices every candidate."""
     growing = np.exp(lf_act - scale) + delivery_act
+    if t.class_rows:
+        growing = growing * (tau_ms / t.tau_ms[rows[act]])
     if same:
         pool.stall = growing  # the decode pool is every active row, in the same order
     else:
