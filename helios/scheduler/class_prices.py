@@ -75,11 +75,6 @@ def class_prices(cls: ServiceClass, policy: PolicyConfig, prompt_tokens: int, ma
     first, gap = class_targets(cls, prompt_tokens, max_output_tokens)
     wait_tau = tau if first is None else first / WAIT_ADAPTATIONS
     stream_tau = tau if gap is None else gap / GAP_ADAPTATIONS
-    if cls.gap_ms is None and cls.deadline_ms is not None:
-        # A deadline asks for a mean rate over the whole response, not a cadence: its stream keeps the
-        # deadline's adaptation time (measured: with gap/7.5, a 100-token batch stream's tau of ~60 ms
-        # made every stall multiply its price by e^(T/60ms), and batch decoders outbid chat prompts).
-        stream_tau = wait_tau
     dilation = stream_tau / tau  # the class's time unit in the policy's
     weight = request_weight(cls, tenant_weight, tenant_requests)
     return ClassPrices(weight, wait_tau, stream_tau, weight * policy.decode_age_price / (dilation * dilation))
