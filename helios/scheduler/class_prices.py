@@ -41,12 +41,15 @@ GAP_ADAPTATIONS = 7.5  # gap target / tau_stream          (379 ms / 50 ms)
 @dataclass(frozen=True, slots=True)
 class ClassPrices:
     """One request's price coefficients: `weight` multiplies f and g, `wait_tau_ms` and `stream_tau_ms`
-    are its prompt-phase and stream-phase adaptation times, `decode_age_price` its age cost c."""
+    are its prompt-phase and stream-phase adaptation times, `decode_age_price` its age cost c.
+    `output_only`: its prompt phase counts only output as service (a first-token target: a prompt
+    chunk delivers nothing the target measures, so it does not lower the price)."""
 
     weight: float
     wait_tau_ms: float
     stream_tau_ms: float
     decode_age_price: float
+    output_only: bool = False
 
 
 def class_targets(cls: ServiceClass, prompt_tokens: int, max_output_tokens: int) -> tuple[float | None, float | None]:
@@ -77,7 +80,8 @@ def class_prices(cls: ServiceClass, policy: PolicyConfig, prompt_tokens: int, ma
     stream_tau = tau if gap is None else gap / GAP_ADAPTATIONS
     dilation = stream_tau / tau  # the class's time unit in the policy's
     weight = request_weight(cls, tenant_weight, tenant_requests)
-    return ClassPrices(weight, wait_tau, stream_tau, weight * policy.decode_age_price / (dilation * dilation))
+    return ClassPrices(weight, wait_tau, stream_tau, weight * policy.decode_age_price / (dilation * dilation),
+                       first is not None)
 
 
 def waiting_log_price(log_f: float, log_x: float, prices: ClassPrices, wait_ms: float,

@@ -69,7 +69,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         tokens, deliveries = np.zeros(n), np.zeros(n)
         # Expected service in the frame's own commit-time normalizers, as completion will count it.
         tokens[lp[mine]] = frame.normalizers.normalized_service(
-            lanes.prompt_tokens[mine] if law.credits_prompt else 0,
+            t.credited_prompt(frame.rows[mine], lanes.prompt_tokens[mine], law.credits_prompt),
             lanes.expected_tokens[mine] - lanes.prompt_tokens[mine])
         deliveries[lp[mine]] = lanes.expected_deliveries[mine]
         delivered = lp[mine & (lanes.expected_deliveries > 0)]

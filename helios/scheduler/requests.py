@@ -40,9 +40,10 @@ _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "pr
 # row's current phase (the prompt phase's until the prompt is consumed, then the stream's).
 _FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms", "log_w", "tau_ms",
                   "stream_tau_ms")
-# priced: the row's class prices differ from the policy's (counted in RequestTable.class_rows).
+# priced: the row's class prices differ from the policy's (counted in RequestTable.class_rows);
+# output_only: its prompt chunks are no service (ClassPrices.output_only).
 _BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",
-                 "has_publication", "has_pending", "priced")
+                 "has_publication", "has_pending", "priced", "output_only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,8 +168,9 @@ class RequestTable:
         else:
             self.log_w[row] = math.log(prices.weight)
             self.tau_ms[row], self.stream_tau_ms[row] = prices.wait_tau_ms, prices.stream_tau_ms
+            self.output_only[row] = prices.output_only
             self.priced[row] = (prices.weight != 1.0 or prices.wait_tau_ms != tau_ms
-                                or prices.stream_tau_ms != tau_ms)
+                                or prices.stream_tau_ms != tau_ms or prices.output_only)
             self.class_rows += bool(self.priced[row])
         self.update_phase(np.array([row]))
         return row
@@ -296,6 +298,15 @@ class RequestTable:
         """The adaptation times of `rows`: the policy's scalar `tau_ms` while no row has class
         prices (the same arithmetic as before classes), else the rows' own column."""
         return self.tau_ms[rows] if self.class_rows else tau_ms
+
+    def credited_prompt(self, rows, prompt_tokens, credits_prompt: bool):
+        """The prompt tokens of lanes on `rows` that count as service: all of them on a law that credits
+        prompts, except on rows whose class counts only output; none on a law that does not."""
+        if not credits_prompt:
+            return 0
+        if not self.class_rows:
+            return prompt_tokens
+        return np.where(self.output_only[rows], 0, prompt_tokens)
 
     def log_weights(self, rows):
         """log w of `rows`, or None while no row has class prices (weight one: nothing to add)."""

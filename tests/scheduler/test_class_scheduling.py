@@ -134,3 +134,23 @@ def test_a_batch_request_is_served_under_a_continuous_interactive_stream():
     assert served_at is not None and served_at > 0  # overtaken at first, then served
     first_prompts = [p.lanes.handle.tolist() for p, *_ in d.history[:2]]
     assert batch not in sum(first_prompts, [])  # the interactive prompts admitted with it went first
+
+
+@pytest.mark.parametrize("cls", [INTERACTIVE, DEFAULT_CLASS], ids=lambda c: c.name)
+def test_a_prompt_chunk_is_no_service_for_a_class_with_a_first_token_target(cls):
+    """Rule: a class with a first-token target counts only output in its prompt phase (a chunk delivers
+    nothing the target measures), so its price grows by d/tau_wait through every chunk; the default
+    class keeps the policy's law, where a chunk is service and holds the price down."""
+    s = make(TABLE, policy=BALANCED)
+    d = Driver(s, FixedCosts(TABLE))
+    h = s.admit(spec(prompt=256, out=4, service_class=cls), 0)
+    tau = class_prices(cls, s.policy, 256, 4).wait_tau_ms
+    before = _fair_log_price(s, h)
+    plan = d.run_one()
+    assert plan.lanes.handle.tolist() == [h] and int(plan.lanes.prompt_tokens[0]) == 64  # one chunk of four
+    grew = _fair_log_price(s, h) - before
+    ms = (d.history[-1][2] - d.history[-1][1]) / MS
+    if cls is DEFAULT_CLASS:
+        assert grew < ms / tau - 0.1  # served: far below an unserved prompt's growth
+    else:
+        assert grew == pytest.approx(ms / tau, rel=1e-9)
