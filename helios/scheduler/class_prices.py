@@ -13,7 +13,12 @@ A class changes a request's prices, not its queue:
   class's time;
 - a deadline-only class (batch) spends half its deadline E on the first token and spreads the other half
   over its output: D = E/2, G = E / (2 * max_output_tokens);
+- a first-token target (stated, or implied by a deadline) makes the prompt phase count only output as
+  service: a chunk delivers nothing the target measures, so it does not lower the price;
 - its weight, times its tenant's share, multiplies f and g: the log-utility weight of the request.
+
+The scheduler carries these per request as RequestTable columns (log_w, tau_ms, output_only); the age
+cost and the tenant's 1/n share are computed here but not yet applied by the scheduler.
 
 Tenants: the tenant's weight W is shared by its n live requests, w_i = class weight * W / n. Then the
 sum over one tenant's requests of w_i log x_i, with equal rates x_i = X/n, is W log X - W log n: at a given
