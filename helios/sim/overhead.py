@@ -13,7 +13,6 @@ from helios.config import SchedulerConfig
 from helios.graphs import GraphKind
 from helios.prepare import ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
-from helios.scheduler.requests import DECODE
 from helios.scheduler.service_class import BUILTIN_CLASSES, DEFAULT_CLASS
 from helios.sim.synthetic_cost import SyntheticCostModel
 
@@ -47,8 +46,9 @@ def measure(active: int, iterations: int = 300, model=None, classes: bool = Fals
     s = Scheduler(catalog, config=SchedulerConfig(request_slots=64, kv_pages=1 << 16))
     s.seed_costs({shape: [model.duration_ns(shape, [])] for shape in catalog}, 0)
     mix = [c for c in BUILTIN_CLASSES if c.has_targets] if classes else [DEFAULT_CLASS]
+    left = {}  # prompt tokens each stream has still to be served
     for i in range(active):  # long-lived streams
-        s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000, service_class=mix[i % len(mix)]), 0)
+        left[s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000, service_class=mix[i % len(mix)]), 0)] = 64
     fence, now = 0, 0
     spent = dict.fromkeys(PARTS, 0.0)
     clock = time.perf_counter
@@ -75,9 +75,9 @@ def measure(active: int, iterations: int = 300, model=None, classes: bool = Fals
 
     # Warm up until every stream decodes: with classes a consumed prompt's decode can win a decision
     # before the other prompts are served, and the timed decisions must all be decode decisions.
-    t = s.requests
-    while (p := s.plan()) is not None and (p.shape.kind is not GraphKind.DECODE
-                                           or (t.phase[t.live_rows()] != DECODE).any()):
+    while (p := s.plan()) is not None and (p.shape.kind is not GraphKind.DECODE or any(left.values())):
+        for h, n in zip(p.lanes.handle.tolist(), p.lanes.prompt_tokens.tolist()):
+            left[h] -= n
         run(p)
     spent = dict.fromkeys(PARTS, 0.0)
     for _ in range(iterations):
