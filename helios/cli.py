@@ -45,6 +45,8 @@ def _sim_report(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"flare sim report: {exc}", file=sys.stderr)
         return 2
+    if args.workload:
+        return _sim_mix_report(args, setup)
     cfg = ReportConfig(setup=setup)
     if args.quick:
         cfg = quick(cfg)
@@ -98,6 +100,35 @@ def _profile_cost_model(args: argparse.Namespace) -> str:
             print(f"  ... and {len(repairs) - 20} more", file=sys.stderr)
     name = profile_shape.encode(args.profile, shape)
     return REPAIRED + name if args.profile_repair else name
+
+
+def _sim_mix_report(args: argparse.Namespace, setup) -> int:
+    """`flare sim report --workload NAME|PATH`: the multi-SLO report (helios.sim.multislo_report)."""
+    import shlex
+    import time
+    from dataclasses import replace
+
+    from helios.errors import ConfigError
+    from helios.sim.multislo import workload_named
+    from helios.sim.multislo_report import MixReportConfig, run_mix_report
+
+    try:
+        workload = workload_named(args.workload)
+    except ConfigError as exc:
+        print(f"flare sim report: {exc}", file=sys.stderr)
+        return 2
+    cfg = MixReportConfig(workload, name=args.workload, setup=setup)
+    given = {"schedulers": args.schedulers, "seeds": args.seeds, "loads": args.loads, "sweep": args.sweep,
+             "refine": args.refine, "resolution": args.resolution, "jobs": args.jobs}
+    cfg = replace(cfg, **{k: tuple(v) if isinstance(v, list) else v for k, v in given.items() if v})
+    t0 = time.perf_counter()
+    try:
+        path = run_mix_report(cfg, args.out, command="flare " + shlex.join(args.argv))
+    except (ConfigError, FileNotFoundError) as exc:
+        print(f"flare sim report: {exc}", file=sys.stderr)
+        return 2
+    print(f"wrote {path} in {time.perf_counter() - t0:.0f} s")
+    return 0
 
 
 def _csv(kind):
@@ -175,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--resolution", type=float, help="goodput bisection resolution (default 0.05: 5%%)")
     report.add_argument("--ablation", type=_names,
                         help="Helios variants for the ablation table, e.g. 'helios-balanced[stall_pricing=0]'")
+    report.add_argument("--workload", metavar="NAME|PATH",
+                        help="a multi-SLO mix: 'shared' or a TOML/JSON file of streams, classes and SLOs "
+                             "(docs/simulator.md); --loads are then scales of its rates")
     report.add_argument("--trace", action="append", metavar="PATH",
                         help="a trace file (Azure CSV or Mooncake JSONL; repeatable), run with the --traces")
     report.add_argument("--trace-format", choices=("azure", "mooncake"),

@@ -6,7 +6,9 @@ Each is a drop-in replacement for `helios.scheduler.Scheduler`: same constructor
     helios     the Helios scheduler itself
     vllm-fcfs  vLLM V1-style FCFS continuous batching with chunked prefill (vllm_fcfs.py)
     sarathi    Sarathi-Serve stall-free hybrid batches under a token budget (sarathi.py)
-    vtc        VTC per-client virtual token counters (vtc.py)
+    vtc        VTC per-client virtual token counters (vtc.py), weighted by tenant
+    vllm-priority  vLLM V1's priority policy: strict priority, FCFS inside a priority (vllm_priority.py)
+    edf        earliest first-token deadline first under Sarathi-Serve's token budget (edf.py)
     direct     the spec's "direct" path: Helios decode selection, 7/8 moving-average costs,
                FCFS prefill (direct.py)
 """
@@ -16,8 +18,10 @@ from __future__ import annotations
 from typing import Callable
 
 from helios.baselines.direct import DirectScheduler, MovingAverageCost
+from helios.baselines.edf import EdfScheduler
 from helios.baselines.sarathi import SarathiScheduler
 from helios.baselines.vllm_fcfs import VllmFcfsScheduler
+from helios.baselines.vllm_priority import VllmPriorityScheduler
 from helios.baselines.vtc import VTCScheduler
 from helios.config import PolicyConfig, SchedulerConfig
 from helios.errors import ConfigError
@@ -30,6 +34,8 @@ SCHEDULERS: dict[str, Callable[..., Scheduler]] = {
     "sarathi": SarathiScheduler,
     "vtc": VTCScheduler,
     "direct": DirectScheduler,
+    "vllm-priority": VllmPriorityScheduler,
+    "edf": EdfScheduler,
 }
 
 
@@ -46,4 +52,4 @@ def make_scheduler(name: str, catalog: Catalog, policy: PolicyConfig | None = No
 
 
 __all__ = ["SCHEDULERS", "make_scheduler", "DirectScheduler", "MovingAverageCost", "SarathiScheduler",
-           "VllmFcfsScheduler", "VTCScheduler"]
+           "VllmFcfsScheduler", "VTCScheduler", "VllmPriorityScheduler", "EdfScheduler"]

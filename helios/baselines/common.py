@@ -135,6 +135,11 @@ class BaselineScheduler(Scheduler):
         return self._rows(lambda t, r: (t.phase[r] == PREFILL) & (t.slot[r] == NO_SLOT)
                           & (t.queued_prompt[r] == 0))
 
+    def prefill_candidates(self) -> list[int]:
+        """The rows a prefill scan visits, in order: resident partial prefills, then waiting requests
+        (arrival order here; a priority or deadline baseline reorders them)."""
+        return self.resident_prefills() + self.waiting()
+
     def resident_count(self) -> int:
         t = self.requests
         return int((t.occupied & (t.slot != NO_SLOT)).sum())
@@ -168,7 +173,7 @@ class BaselineScheduler(Scheduler):
         left, slots, pages = budget, self.resources.free_slots, self.resources.free_pages
         running, kind = self.resident_count(), None
         t = self.requests
-        for r in self.resident_prefills() + self.waiting():
+        for r in self.prefill_candidates():
             if left <= 0:
                 break
             k = self.prefill_kind(r)

@@ -34,6 +34,7 @@ class IterationScheduler(BaselineScheduler):
     """
 
     default_token_budget = 2048
+    blocked_admission_ends_scan = True  # a waiting request that cannot start ends the prefill scan
 
     def __init__(self, catalog: Catalog, policy: PolicyConfig | None = None,
                  config: SchedulerConfig | None = None, *, token_budget: int | None = None,
@@ -101,18 +102,23 @@ class IterationScheduler(BaselineScheduler):
 
         Partially prefilled resident requests first, then waiting ones, each min(prompt left, budget
         left); the first waiting request that cannot get a slot, its pages or a `max_running` place
-        stops the scan (head-of-line blocking, as in both engines).
+        stops the scan (head-of-line blocking, as in both engines). With `blocked_admission_ends_scan`
+        False (a baseline that orders residents and waiting requests together) it ends admission only:
+        residents later in the order still get their chunks.
         """
         rows: Rows = []
         left, slots, pages = budget, self.resources.free_slots, self.resources.free_pages
-        running, slot = self.resident_count(), self.requests.slot
-        for r in self.resident_prefills() + self.waiting():
+        running, slot, admitting = self.resident_count(), self.requests.slot, True
+        for r in self.prefill_candidates():
             if left <= 0:
                 break
             if slot[r] == NO_SLOT:
                 need = self.extent_pages(r)
-                if slots == 0 or need > pages or running >= self.max_running:
-                    break
+                if not admitting or slots == 0 or need > pages or running >= self.max_running:
+                    if self.blocked_admission_ends_scan:
+                        break
+                    admitting = False  # no later waiting request overtakes the blocked one
+                    continue
                 slots, pages, running = slots - 1, pages - need, running + 1
             tokens = min(self.prompt_left(r), left)
             rows.append((r, tokens))

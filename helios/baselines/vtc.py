@@ -16,6 +16,9 @@ VTC with continuous batching). Code: github.com/Ying1123/VTC-artifact,
   the mini batch); charge c += w_p * prompt tokens at admission. The first request that does
   not fit ends the mini batch.
 - Each decode step charges c += w_q per request in the running batch.
+- Weighted VTC (the paper's weighted variant): a client's charges are divided by its weight, so a client
+  of weight w gets w times the service of a weight-one client while both are backlogged. The client is the
+  tenant (`RequestSpec.client`) and its weight `RequestSpec.tenant_weight` (default 1: unweighted VTC).
 - The router loop (prefill-prioritizing, as in S-LoRA): with no running decode, admit and
   prefill a new mini batch; otherwise decode, and after `max_wait_steps` (S-LoRA's
   `max_wait_tokens`, 10) consecutive decode steps try a new mini batch before decoding again.
@@ -121,7 +124,7 @@ class VTCScheduler(BaselineScheduler):
                 break
             batch.append(r)
             slots, pages, running, tokens, kind = slots - 1, pages - need, running + 1, tokens + left, k
-            counters[client] = counters.get(client, 0.0) + self.input_weight * left
+            counters[client] = counters.get(client, 0.0) + self.input_weight * left / self.requests.specs[r].tenant_weight
             queues[client].pop(0)
             if not queues[client]:
                 del queues[client]
@@ -132,8 +135,9 @@ class VTCScheduler(BaselineScheduler):
         if plan.shape.kind is GraphKind.DECODE:
             t = self.requests
             for lane in plan.lanes:
-                client = t.specs[t.row(lane.handle)].client
-                self.counters[client] = self.counters.get(client, 0.0) + self.output_weight * lane.output_rows
+                spec = t.specs[t.row(lane.handle)]
+                charge = self.output_weight * lane.output_rows / spec.tenant_weight
+                self.counters[spec.client] = self.counters.get(spec.client, 0.0) + charge
             self.decode_steps += 1
         else:
             admitted = False
@@ -141,7 +145,7 @@ class VTCScheduler(BaselineScheduler):
             for lane in plan.lanes:
                 spec = t.specs[t.row(lane.handle)]
                 if lane.prompt_start == spec.cached_tokens:  # first chunk: admission
-                    charge = self.input_weight * (spec.prompt_tokens - spec.cached_tokens)
+                    charge = self.input_weight * (spec.prompt_tokens - spec.cached_tokens) / spec.tenant_weight
                     self.counters[spec.client] = self.counters.get(spec.client, 0.0) + charge
                     admitted = True
             if admitted:

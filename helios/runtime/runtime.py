@@ -165,7 +165,8 @@ class Runtime:
         spec = RequestSpec(len(prompt), params.max_tokens, client=params.client,
                            host_feedback=bool(params.stop), request_id=params.request_id,
                            cached_tokens=match.tokens if match else 0, endpoints=params.endpoints,
-                           score_prompt=scored)
+                           score_prompt=scored, service_class=params.service_class,
+                           tenant_weight=params.tenant_weight, priority=params.priority)
         options = {**params.attach_options(), **({"checkpoint": match} if match else {})}
         with self._cv:
             try:

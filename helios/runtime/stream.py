@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from helios.engine.core import LOGPROBS_OPTION, MAX_LOGPROBS, PROMPT_LOGPROBS_OPTION, TokenLogprobs
 from helios.errors import InvalidRequest
+from helios.scheduler.service_class import DEFAULT_CLASS, ServiceClass
 
 # finish_reason values a stream can end with (OpenAI's, plus "cancelled" and "error").
 STOP, LENGTH, CANCELLED, ERROR = "stop", "length", "cancelled", "error"
@@ -42,6 +43,10 @@ class SamplingParams:
     logprobs: int | None = None
     # The same for the prompt's tokens: the request runs its prompt in scored prefill graphs.
     prompt_logprobs: int | None = None
+    # Service class, tenant weight and vLLM priority (helios.scheduler.service_class; None: the class's tier).
+    service_class: ServiceClass = DEFAULT_CLASS
+    tenant_weight: float = 1.0
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

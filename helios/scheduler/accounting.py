@@ -55,7 +55,8 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
             rows = rows[keep]
         tokens, produced = tokens[rows], produced[rows]
     log_x = t.log_x[rows]
-    t.log_x[rows] = ewma_log(log_x, delta_ms, tokens, tau_ms, memo)
+    tau = t.taus(rows, tau_ms)  # a scalar, or each row's own (class prices)
+    t.log_x[rows] = ewma_log(log_x, delta_ms, tokens, tau, memo)
     if t.mean_law_rows:  # prompts on the mean-rate law (StudyConfig.prompt_rate_law)
         window = t.rate_window_ms[rows]
         m = (window == window).nonzero()[0]
@@ -74,13 +75,14 @@ def account_interval(table: RequestTable, frame: Frame, served_tokens, served_ou
         with_z, z, hz_produced = rows, log_z, produced
     else:
         with_z, z = rows[has_z], log_z[has_z]
+        tau = tau[has_z] if isinstance(tau, np.ndarray) else tau
         hz_produced = True if every else produced[has_z]
         first = rows[~has_z & produced]  # a first burst: its delivery rate starts at publication
         t.pending_log_z[first] = np.nan
         t.has_pending[first] = True
     # Completion records zero deliveries; the interval stays pending until published.
     t.pending_log_z[with_z] = z
-    t.log_z[with_z] = z - delta_ms / tau_ms
+    t.log_z[with_z] = z - delta_ms / tau
     t.has_pending[with_z] = hz_produced
     pending = rows if every else rows[produced]
     t.pending_fence[pending] = frame.fence
@@ -123,7 +125,7 @@ class Publications:
                 t.last_publication_ns[rows] = time
                 t.has_publication[rows] = True
                 t.has_pending[rows] = False
-                t.log_z[rows] = ewma_log(batch[2], batch[3], 1.0, self.tau_ms, self.memo)
+                t.log_z[rows] = ewma_log(batch[2], batch[3], 1.0, t.taus(rows, self.tau_ms), self.memo)
                 return
             if type(rows) is not np.ndarray:
                 rows = np.fromiter(rows, np.int64, len(rows))
@@ -158,4 +160,4 @@ class Publications:
             rows, before = rows[later], before[later]
             if not single:
                 delta = delta[later]
-        t.log_z[rows] = ewma_log(before, delta, 1.0, self.tau_ms, self.memo)
+        t.log_z[rows] = ewma_log(before, delta, 1.0, t.taus(rows, self.tau_ms), self.memo)

@@ -185,7 +185,8 @@ class AnchorCuts:
         if not rows:
             return -math.inf
         rows = np.array(rows, dtype=np.int64)
-        lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)[:2]
+        lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff,
+                            log_w=t.log_weights(rows))[:2]
         return float(max(lp.max(), lo.max()))
 
     def candidates(self, t: RequestTable, captures, costs, decode_shapes, coeff: PriceCoefficients,
@@ -196,7 +197,8 @@ class AnchorCuts:
         if not due or not self.snapshot_shapes:
             return []
         rows = np.array([t.index[h] for h, _ in due], dtype=np.int64)
-        lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)[:2]
+        lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff,
+                            log_w=t.log_weights(rows))[:2]
         v, f = np.zeros(len(rows)), [None] * len(rows)
         for i, ((h, a), r) in enumerate(zip(due, rows.tolist())):
             cursor, end = int(t.prompt_done[r]), int(t.prompt_tokens[r])

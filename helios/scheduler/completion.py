@@ -150,7 +150,7 @@ def _account_service(ex, checked: Checked, raw: int, intact: bool) -> None:
     t, frame, counts = ex.requests, checked.frame, checked.token_counts
     lanes = frame.plan.lanes
     law = ex.study.prompt_rate_law
-    credited = lanes.prompt_tokens if law.credits_prompt else 0
+    credited = t.credited_prompt(frame.rows, lanes.prompt_tokens, law.credits_prompt)
     served = (frame.normalizers.normalized_service(credited, counts) if checked.prompt
               else 1.0 if checked.single else counts)
     # Rows on the mean-rate law count progress toward their first token instead (service.py).

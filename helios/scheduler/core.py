@@ -12,6 +12,7 @@ from helios.errors import InvalidRequest, UnknownRequest, HeliosError
 from helios.graphs import Catalog, GraphKind
 import helios.scheduler.execution as execution
 import helios.scheduler.selection as selection
+from helios.scheduler.class_prices import class_prices
 from helios.scheduler.accounting import Publications
 from helios.scheduler.completion import ExecutionStats
 from helios.scheduler.cost import CostTable
@@ -131,7 +132,11 @@ class Scheduler:
         self._next_handle += 1
         # With the mean-rate law, the starting rate counts as one adaptation time of history.
         window = self.policy.adaptation_ms if self.study.prompt_rate_law.mean_law else None
-        self.requests.add(handle, request, self._starting_log_rate(), window)
+        # Its class changes its prices, not its queue (class_prices.py); the default class is priced
+        # with the policy's coefficients.
+        prices = class_prices(request.service_class, self.policy, request.prompt_tokens,
+                              request.max_output_tokens, request.tenant_weight)
+        self.requests.add(handle, request, self._starting_log_rate(), window, prices, self.policy.adaptation_ms)
         self.prereqs.admitted(handle, request, checked, self.costs.estimate_ns)
         return handle
 

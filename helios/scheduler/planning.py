@@ -47,6 +47,8 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
     """
     n = len(rows)
     log_x, log_z = t.log_x[rows], t.log_z[rows]
+    tau = t.taus(rows, tau_ms)  # a scalar, or each row's own (class prices)
+    own = isinstance(tau, np.ndarray)
     if not len(queue):
         return log_x, log_z, None, None  # nothing queued: no expected delivery either
     has_delivery = np.zeros(n, dtype=bool)
@@ -67,14 +69,14 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
         tokens, deliveries = np.zeros(n), np.zeros(n)
         # Expected service in the frame's own commit-time normalizers, as completion will count it.
         tokens[lp[mine]] = frame.normalizers.normalized_service(
-            lanes.prompt_tokens[mine] if law.credits_prompt else 0,
+            t.credited_prompt(frame.rows[mine], lanes.prompt_tokens[mine], law.credits_prompt),
             lanes.expected_tokens[mine] - lanes.prompt_tokens[mine])
         deliveries[lp[mine]] = lanes.expected_deliveries[mine]
         delivered = lp[mine & (lanes.expected_deliveries > 0)]
         has_delivery[delivered] = True
         delivery_ns[delivered] = frame.expected_end_ns
         before = log_x[p]
-        log_x[p] = ewma_log(before, d, tokens[p], tau_ms, memo)
+        log_x[p] = ewma_log(before, d, tokens[p], tau[p] if own else tau, memo)
         if window is not None:  # prompts on the mean-rate law, as completion will count them
             progress = np.zeros(n)
             progress[lp[mine]] = first_token_progress(
@@ -87,7 +89,7 @@ def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_
             if law is PromptRateLaw.UNTIL_SERVED:
                 window[m[progress[m] > 0]] = np.nan
         zp = p[~np.isnan(log_z[p])]
-        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau_ms, memo)
+        log_z[zp] = ewma_log(log_z[zp], d, deliveries[zp], tau[zp] if own else tau, memo)
     return log_x, log_z, has_delivery, delivery_ns
 
 
@@ -115,7 +117,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     produced = t.output_done[rows] + t.queued_output[rows]
     dec, pre = _servable(t, rows, phase, act, cursor, produced, max_output, max_context, resources)
     # Prompt prices are elementwise: computed only when some prompt can be served.
-    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, study.gradient_prompt_price, with_prompt=len(pre) > 0)
+    lp, lo, ld, lf = log_prices(log_x, log_z, coeff, norm, study.gradient_prompt_price, with_prompt=len(pre) > 0,
+                                log_w=t.log_weights(rows))
     truncated = len(dec) > max_lanes
     if truncated:  # the 64-slot bound: keep the highest-priced streams
         dec = dec[np.lexsort((handles[dec], -lo[dec]))][:max_lanes]
@@ -152,7 +155,8 @@ def build_view(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, policy:
     stall_total = 0.0
     if study.stall_pricing and len(act):
         stall_total = _price_stalls(pool, t, rows, act, drows, lf if everyone else lf[act],
-                                    delivery_dec if same else np.exp(ld_act - scale), scale, same)
+                                    delivery_dec if same else np.exp(ld_act - scale), scale, same,
+                                    policy.adaptation_ms)
         if study.served_stall_pricing:
             pool.steps = decode.steps
     pool.stall_total, pool.tau_ms = stall_total, policy.adaptation_ms
@@ -191,13 +195,19 @@ def _output_ages(t: RequestTable, drows, dec, queue, has_delivery, delivery_ns, 
 
 
 def _price_stalls(pool: LanePool, t: RequestTable, rows, act, drows, lf_act, delivery_act, scale: float,
-                  same: bool) -> float:
+                  same: bool, tau_ms: float) -> float:
     """What a stall of T does to a decoder's own prices (StudyConfig.stall_pricing): its fairness
     and delivery prices grow by e^(T/tau) (x and z decay unserved), the law a waiting prompt's
     price follows. Its next step's value grows by (f/x + g/z)(e^(T/tau) - 1); policy.finish_candidate
     charges that to every candidate that leaves the decoder out (docs/scheduling-utility.md).
-    Sets the decode pool's growing prices; returns their sum over every active decoder."""
+    Sets the decode pool's growing prices; returns their sum over every active decoder.
+
+    With class prices a decoder's own tau_i sets its growth, e^(T/tau_i) - 1, which does not factor
+    over one shared g(T). Each price is weighted by tau / tau_i instead: the same growth to first
+    order in T (exact slope at T = 0), so one charge g(T) = e^(T/tau) - 1 still prices every candidate."""
     growing = np.exp(lf_act - scale) + delivery_act
+    if t.class_rows:
+        growing = growing * (tau_ms / t.tau_ms[rows[act]])
     if same:
         pool.stall = growing  # the decode pool is every active row, in the same order
     else:

@@ -65,7 +65,8 @@ def restore_log_scale(ops: StateOperations, t: RequestTable, coeff: PriceCoeffic
     if not ops.restoring:
         return -math.inf
     rows = np.array([t.index[h] for h in ops.restoring], dtype=np.int64)
-    lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)[:2]
+    lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff,
+                        log_w=t.log_weights(rows))[:2]
     return float(max(lp.max(), lo.max()))
 
 
@@ -147,7 +148,8 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     if not handles or not ops.restore_shapes or budget.free_slots < 1:
         return []
     rows = np.array([t.index[h] for h in handles], dtype=np.int64)
-    lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)[:2]
+    lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff,
+                        log_w=t.log_weights(rows))[:2]
     left = t.prompt_left(rows)
     # V and F per lane from the best one-row prefill (measured first, then by V/F).
     best_v, best_f = np.zeros(len(rows)), [None] * len(rows)

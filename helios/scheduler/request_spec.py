@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 from helios.errors import InvalidRequest
+from helios.scheduler.service_class import DEFAULT_CLASS, ServiceClass
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +54,11 @@ class RequestSpec:
     score_prompt: bool = False  # needs prompt log-probabilities: scored-prefill graphs only
     request_id: str | None = None
     images: tuple[ImageSpan, ...] = ()  # sorted, non-overlapping, inside the prompt (vision.py)
+    # Service class and tenant (service_class.py): `client` names the tenant, `tenant_weight` is its
+    # weight; `priority` is vLLM's integer (lower is more urgent; None: the class's tier).
+    service_class: ServiceClass = DEFAULT_CLASS
+    tenant_weight: float = 1.0
+    priority: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_tokens, int) or self.prompt_tokens < 1:
@@ -63,6 +71,18 @@ class RequestSpec:
             raise InvalidRequest("endpoints must be strictly increasing offsets inside the prompt")
         if self.images:
             _check_images(self.images, self.prompt_tokens, self.cached_tokens)
+        if not isinstance(self.service_class, ServiceClass):
+            raise InvalidRequest(f"service_class must be a ServiceClass, got {self.service_class!r}")
+        w = self.tenant_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not (math.isfinite(w) and w > 0):
+            raise InvalidRequest(f"tenant_weight must be a positive number, got {w!r}")
+        if self.priority is not None and (isinstance(self.priority, bool) or not isinstance(self.priority, int)):
+            raise InvalidRequest(f"priority must be an integer, got {self.priority!r}")
+
+    @property
+    def effective_priority(self) -> int:
+        """vLLM's priority of this request: its own, else its class's tier."""
+        return self.service_class.priority if self.priority is None else self.priority
 
 
 def _check_images(images, prompt_tokens: int, cached_tokens: int) -> None:

@@ -8,17 +8,17 @@ still holds it); a freed row is reused by a later admission. Handles are never r
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
 
+from helios.scheduler.class_prices import ClassPrices
 from helios.scheduler.plan import NO_SLOT, FinishReason, RequestHandle
 from helios.scheduler.request_spec import RequestSpec
 from helios.scheduler.speculation import SpeculationColumns
 from helios.scheduler.utility import count_nonzero
-
-
 
 
 class Phase(IntEnum):
@@ -36,9 +36,14 @@ _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "pr
                 "last_publication_ns", "pending_fence", "resident_ns")
 # resident_ns: when the request last got its slot (first commit or restore), for the preemption quantum.
 # rate_window_ms: the averaging window of a prompt-phase mean rate (service.mean_rate_log); NaN on the EWMA.
-_FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms")
+# Class prices (class_prices.py): log_w the log-utility weight, tau_ms the adaptation time of the
+# row's current phase (the prompt phase's until the prompt is consumed, then the stream's).
+_FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms", "log_w", "tau_ms",
+                  "stream_tau_ms")
+# priced: the row's class prices differ from the policy's (counted in RequestTable.class_rows);
+# output_only: its prompt chunks are no service (ClassPrices.output_only).
 _BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",
-                 "has_publication", "has_pending")
+                 "has_publication", "has_pending", "priced", "output_only")
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +102,9 @@ class RequestTable:
         # skip reading the pending columns back (accounting.py); cleared by any other write to them.
         self.pending_batch: tuple | None = None
         self.mean_law_rows = 0  # live rows whose prompt phase is on the mean-rate law (rate_window_ms set)
+        # Held rows whose class prices differ from the policy's. While none does, every reader takes
+        # the policy's scalar tau and no weight: today's arithmetic, value for value.
+        self.class_rows = 0
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -123,8 +131,11 @@ class RequestTable:
         self.capacity = capacity
 
     # ---- rows ------------------------------------------------------------------------
-    def add(self, handle: RequestHandle, spec: RequestSpec, log_x: float, window_ms: float | None = None) -> int:
-        """A new row at starting rate log_x; `window_ms` puts its prompt phase on the mean-rate law."""
+    def add(self, handle: RequestHandle, spec: RequestSpec, log_x: float, window_ms: float | None = None,
+            prices: ClassPrices | None = None, tau_ms: float = 0.0) -> int:
+        """A new row at starting rate log_x; `window_ms` puts its prompt phase on the mean-rate law.
+        `prices`: the request's class coefficients (None or equal to the policy's `tau_ms` and weight
+        one: priced as before classes existed)."""
         if not self._free:
             self._grow(2 * self.capacity)
         row = self._free.pop()
@@ -152,12 +163,23 @@ class RequestTable:
         self.pending_batch = None
         self.rate_window_ms[row] = np.nan if window_ms is None else window_ms
         self.mean_law_rows += window_ms is not None
+        if prices is None:
+            self.log_w[row], self.tau_ms[row], self.stream_tau_ms[row] = 0.0, tau_ms, tau_ms
+        else:
+            self.log_w[row] = math.log(prices.weight)
+            self.tau_ms[row], self.stream_tau_ms[row] = prices.wait_tau_ms, prices.stream_tau_ms
+            self.output_only[row] = prices.output_only
+            self.priced[row] = (prices.weight != 1.0 or prices.wait_tau_ms != tau_ms
+                                or prices.stream_tau_ms != tau_ms or prices.output_only)
+            self.class_rows += bool(self.priced[row])
         self.update_phase(np.array([row]))
         return row
 
     def remove(self, row: int) -> None:
         del self.index[int(self.handle[row])]
         self.occupied[row] = False
+        self.class_rows -= bool(self.priced[row])
+        self.priced[row] = False
         self.phase[row] = DONE
         self._live = None
         self.specs[row] = None
@@ -266,8 +288,29 @@ class RequestTable:
         done = self.cancelled[rows] | self.finished[rows]
         decode = self.prompt_done[rows] >= self.prompt_tokens[rows]
         self.phase[rows] = np.where(done, DONE, np.where(decode, DECODE, PREFILL))
+        if self.class_rows:  # a consumed prompt: the stream phase's adaptation time from now on
+            streaming = rows[decode]
+            self.tau_ms[streaming] = self.stream_tau_ms[streaming]
         if self.mean_law_rows:  # leaving the prompt phase ends the mean-rate law
             self.leave_mean_law(rows[self.phase[rows] != PREFILL])
+
+    def taus(self, rows, tau_ms: float):
+        """The adaptation times of `rows`: the policy's scalar `tau_ms` while no row has class
+        prices (the same arithmetic as before classes), else the rows' own column."""
+        return self.tau_ms[rows] if self.class_rows else tau_ms
+
+    def credited_prompt(self, rows, prompt_tokens, credits_prompt: bool):
+        """The prompt tokens of lanes on `rows` that count as service: all of them on a law that credits
+        prompts, except on rows whose class counts only output; none on a law that does not."""
+        if not credits_prompt:
+            return 0
+        if not self.class_rows:
+            return prompt_tokens
+        return np.where(self.output_only[rows], 0, prompt_tokens)
+
+    def log_weights(self, rows):
+        """log w of `rows`, or None while no row has class prices (weight one: nothing to add)."""
+        return self.log_w[rows] if self.class_rows else None
 
     def leave_mean_law(self, rows: np.ndarray) -> None:
         """Rows that leave the mean-rate law: the EWMA continues from the same rate."""

@@ -31,7 +31,8 @@ def _log(value: float) -> float:
 def _decay_terms(delta_ms, tau_ms, memo: dict | None):
     """(d/tau, log((1 - e^(-d/tau)) / d)), on scalars or arrays; scalar ones kept in `memo`
     (Memo.decay) when given: the same numpy expressions, so the same values."""
-    scalar = memo is not None and isinstance(delta_ms, float)
+    # Per-request adaptation times (class prices) come as an array: those are computed, not kept.
+    scalar = memo is not None and isinstance(delta_ms, float) and isinstance(tau_ms, float)
     if scalar and (hit := memo.get((delta_ms, tau_ms))) is not None:
         return hit
     decay = np.divide(delta_ms, tau_ms)
@@ -43,8 +44,9 @@ def _decay_terms(delta_ms, tau_ms, memo: dict | None):
     return terms
 
 
-def ewma_log(log_rate, delta_ms: float, served, tau_ms: float, memo: dict | None = None):
-    """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d,  on scalars or arrays.
+def ewma_log(log_rate, delta_ms: float, served, tau_ms, memo: dict | None = None):
+    """log of  e^(-d/tau) * r + (1 - e^(-d/tau)) * served/d,  on scalars or arrays; `tau_ms` is the
+    policy's scalar or, with class prices, each rate's own adaptation time (RequestTable.taus).
 
     The one EWMA of the scheduler: planning's projection, interval accounting and publication
     all use it. An unserved interval (served = 0) multiplies the rate by e^(-d/tau) exactly,
@@ -146,7 +148,7 @@ def reference_normalizers(prefill_costs, decode_costs) -> Normalizers:
 
 
 def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm: Normalizers = PHYSICAL,
-               gradient_prompt: bool = False, with_prompt: bool = True):
+               gradient_prompt: bool = False, with_prompt: bool = True, log_w: np.ndarray | None = None):
     """Vectorized log prices: prefill token, output token, delivery, and the fairness part f/x
     (what grows while a request waits).
 
@@ -154,9 +156,13 @@ def log_prices(log_x: np.ndarray, log_z: np.ndarray, k: PriceCoefficients, norm:
     prices apply as written: 1 + f/x per prompt token, beta + f/x per output token, g/z per
     delivery. With `gradient_prompt`, a prompt token costs its exact gradient 1 + f/x * r_d/r_p
     instead (an ablation). Requests without a delivery history carry NaN in log_z and get a zero
-    delivery price.
+    delivery price. `log_w`: each request's log-utility weight (class_prices.py), which multiplies
+    f and g; None is weight one for every request.
     """
     fair = k.log_f - log_x  # log(f/x); rates are finite, so no inf - inf
+    log_z = log_z if log_w is None else log_z - log_w  # g/(z/w) = w g/z
+    if log_w is not None:
+        fair += log_w  # w f/x
     prefill = None  # without `with_prompt` the caller serves no prompt and skips its price
     if with_prompt:
         prompt_fair = fair + (norm.log_decode - norm.log_prefill) if gradient_prompt else fair

@@ -65,7 +65,8 @@ def window_log_scale(vw: VisionWindows, t: RequestTable, coeff: PriceCoefficient
     rows = np.array([r for h in vw.requests if (r := t.index.get(h)) is not None], dtype=np.int64)
     if not len(rows):
         return -math.inf
-    lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)[:2]
+    lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff,
+                        log_w=t.log_weights(rows))[:2]
     return float(max(lp.max(), lo.max()))
 
 
@@ -109,7 +110,8 @@ def window_candidates(vw: VisionWindows, t: RequestTable, restoring, costs, shap
     pools by kind (already-ready prompts that may share the following chunk)."""
     out = []
     for kind, rows in _due(vw, t, restoring).items():
-        lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff)[:2]
+        lp, lo = log_prices(t.log_x[rows].copy(), t.log_z[rows].copy(), coeff,
+                            log_w=t.log_weights(rows))[:2]
         v, f, works = _following(vw, t, rows, kind, shapes_of, costs, lp, lo, log_scale)
         chain = _chain_ms(costs, kind, vw)
         f = [None if x is None or chain is None else x + chain for x in f]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
 from fastapi.openapi.utils import get_openapi
@@ -30,6 +30,7 @@ from helios.server.metrics import CONTENT_TYPE, ServerMetrics
 from helios.server.schemas import ChatCompletionRequest, CompletionRequest, parse_body
 from helios.server.responses import Choices, collect, events
 from helios.server.sse import EventStreamResponse, Formatter
+from helios.server.service_classes import ClassPolicy, request_class, with_class
 from helios.server.structured_outputs import grammar_param
 from helios.server.translate import Prepared, prepare_chat, prepare_completion
 
@@ -43,11 +44,12 @@ class ServerSettings:
     shutdown_grace_s: float = 5.0  # in-flight requests may finish for this long on shutdown
     # Hardening (issue 42): fair admission, authentication, CORS, body read timeout.
     client_share: float = 0.5  # one client holds at most this fraction of the admission limit
-    api_key: str | None = None  # Bearer token required on /v1/* (None: open)
+    api_key: str | None = None  # Bearer token required on /v1/* and /debug/* (None: open)
     allowed_origins: tuple[str, ...] = ()  # CORS origins ("*" for any); none: no CORS headers
     body_timeout_s: float = 30.0  # the whole request body must arrive within this
     header_timeout_s: float = 10.0  # a new connection's request headers must arrive within this
     max_connections: int = 1000  # open connections (helios.server.connections)
+    classes: ClassPolicy = field(default_factory=ClassPolicy)  # service classes (--service-classes, --class-field)
 
     def __post_init__(self):
         if not 0 < self.client_share <= 1:
@@ -218,6 +220,7 @@ async def _serve(request: Request, service: Service, req, chat: bool):
     client = client_key(req.user, request.client.host if request.client else None)
     service.check_admission(1, client)  # cheap early refusals before tokenizing
     check_prompt_size(req, chat, backend.max_context, service.longest_token)
+    classed = request_class(req, service.settings.classes)  # an unknown class: 400 before tokenizing
     if chat:
         prepared = await run_in_threadpool(prepare_chat, req, backend.tokenizer, backend.max_context,
                                            backend.vocab_size)
@@ -231,7 +234,7 @@ async def _serve(request: Request, service: Service, req, chat: bool):
                             "constrain its output)", param=param, code="unsupported_parameter")
     if getattr(backend.core, "grammars", False):  # compiled and probed here, not on the engine's thread
         prepared = await run_in_threadpool(compile_for_core, prepared, backend.core, grammar_param(req))
-    choices = service.submit(prepared, chat, client)
+    choices = service.submit(with_class(prepared, classed), chat, client)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
     draining = lambda: service.draining  # noqa: E731

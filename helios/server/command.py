@@ -149,6 +149,11 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="requests admitted beyond the slots before answering 429 (default 32)")
     g.add_argument("--max-body-bytes", type=positive_int, default=2 * 1024 * 1024,
                    help="larger request bodies get 413")
+    g.add_argument("--service-classes", metavar="PATH",
+                   help="service classes and tenants, TOML or JSON (docs/server.md); default: the built-in "
+                        "default, interactive, standard and batch")
+    g.add_argument("--class-field", choices=("service_tier", "priority", "user"), default="service_tier",
+                   help="the request field that selects the class (default service_tier)")
     g.add_argument("--shutdown-grace", type=nonnegative_float, default=5.0, metavar="SECONDS",
                    help="on SIGTERM, in-flight requests may finish for this long, then are cancelled")
     g.add_argument("--sim-pace", type=nonnegative_float, default=1.0, help=argparse.SUPPRESS)
@@ -164,6 +169,14 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
 _INTERNALS = "scheduler internals (study switches; the defaults are the spec's)"
 
 
+def class_policy(path: str | None, class_field: str):
+    """The server's ClassPolicy: the class table of `path` (built-ins when None) and the selecting field."""
+    from helios.class_table import load_class_table
+    from helios.server.service_classes import ClassPolicy
+
+    return ClassPolicy(load_class_table(path), class_field) if path else ClassPolicy(field=class_field)
+
+
 def run(args: argparse.Namespace) -> int:
     """Build the engine, serve until SIGTERM/SIGINT; 2 for invalid options, 1 for other failures."""
     from helios.server.backend import EngineOptions, build_backend, default_weights
@@ -173,6 +186,11 @@ def run(args: argparse.Namespace) -> int:
     from helios.server.sizing import SIM_CONTEXT, SIM_SLOTS, resolve
     from helios.server.startup import StartupLog
 
+    try:
+        classes = class_policy(args.service_classes, args.class_field)
+    except ConfigError as exc:
+        print(f"flare run: error: --service-classes: {exc}", file=sys.stderr)
+        return 2
     log = StartupLog()
     choose_wait_policy()
     try:
@@ -224,7 +242,7 @@ def run(args: argparse.Namespace) -> int:
     from helios.server.serve import serve
 
     settings = ServerSettings(max_queue=args.max_queue, max_body_bytes=args.max_body_bytes,
-                              shutdown_grace_s=args.shutdown_grace, **hardening_settings(args))
+                              shutdown_grace_s=args.shutdown_grace, classes=classes, **hardening_settings(args))
     try:
         return serve(backend, settings, args.host, args.port, log_level=args.log_level,
                      status_every_s=args.log_status_every)

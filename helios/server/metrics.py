@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from helios.runtime.stream import RequestStream
+from helios.server.class_metrics import ClassMetrics
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0, 10.0, 30.0)
@@ -44,6 +45,7 @@ class ServerMetrics:
                                 ["finish_reason"], registry=r)
         self.rejected = Counter("flare_requests_rejected", "requests answered with an error before admission",
                                 ["reason"], registry=r)
+        self.by_class = ClassMetrics(r, _LATENCY_BUCKETS)  # the same, labelled by service class
 
     def attach(self, runtime) -> None:
         self.registry.register(_RuntimeCollector(runtime))
@@ -58,6 +60,7 @@ class ServerMetrics:
         if m.finished_ns is not None:
             self.e2e.observe(max(0, m.finished_ns - m.submitted_ns) / 1e9)
         self.finished.labels(stream.finish_reason or "unknown").inc()
+        self.by_class.observe(stream)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -7,8 +7,9 @@ silently dropped (`max_token`, `temprature`) gives wrong output with no sign of 
 fields that real clients send are known: the OpenAI ones below, and the vLLM extensions that
 load tools rely on (`ignore_eos`, `min_tokens`, `stop_token_ids`,
 `stream_options.continuous_usage_stats`) or that chat front ends send
-(`repetition_penalty`). Fields that do not change the output here (`user`,
-`store`, `metadata`, `service_tier`) are accepted and have no effect.
+(`repetition_penalty`). Fields that do not change the output here (`store`,
+`metadata`) are accepted and have no effect; `user`, `service_tier` and vLLM's `priority` choose the
+request's tenant and service class (service_classes.py).
 Known OpenAI fields that this server cannot honour (tools, suffix, best_of > 1, audio, ...)
 are accepted by the schema only so that the translation step can reject them with a message
 that names the feature rather than a generic "extra field" error.
@@ -117,7 +118,8 @@ class _Sampling(_Strict):
     user: str | None = None
     store: bool | None = None
     metadata: dict[str, str] | None = None
-    service_tier: str | None = None
+    service_tier: str | None = None  # selects the service class (service_classes.py, --class-field)
+    priority: int | None = _int()  # vLLM's: lower is more urgent (service_classes.py)
     # vLLM extensions
     include_stop_str_in_output: NullAsFalse = False
     skip_special_tokens: NullAsTrue = True

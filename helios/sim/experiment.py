@@ -35,13 +35,15 @@ from helios.sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from helios.sim.workload import load_workload, rescale
 
 SCHEDULERS = ("helios-balanced", "helios-throughput", "helios-spec", "vllm-fcfs", "sarathi", "vtc", "direct")
+# The class-aware baselines (issue 40): the multi-SLO report's defaults, never the single-class report's.
+CLASS_SCHEDULERS = ("helios-balanced", "vllm-fcfs", "sarathi", "vllm-priority", "edf", "vtc")
 HELIOS_SCHEDULERS = ("helios", "helios-balanced", "helios-throughput", "helios-spec", "helios-spec-table")
 # helios-spec: Helios balanced with adaptive speculation (learned proposals whose acceptance follows the
 # MT-Bench EAGLE curve with per-request variation). Proposal compute is not in the cost model.
 # helios-spec-table: the `spec` policy preset (the spec's table as written, every study switch off).
 SPEC_WIDTHS = range(1, 6)
 SPEC_TOKEN_CAPACITY = 256
-PACKED_BASELINES = ("vllm-fcfs", "sarathi")
+PACKED_BASELINES = ("vllm-fcfs", "sarathi", "vllm-priority", "edf")
 COST_MODELS = ("h100-70b", "a100-70b-tp2", "a100-34b-tp2", "h100-7b", "realistic-small")
 
 
@@ -298,9 +300,10 @@ class RunResult:
 
 def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup, *, seed: int = 0,
                  slo: SLO, arrival_window_ns: int | None = None, progress: bool | None = None,
-                 scale: float = 1.0, decisions=None) -> RunResult:
+                 scale: float = 1.0, decisions=None, arrivals: Sequence[Arrival] | None = None) -> RunResult:
     """Simulate `requests` (already at their final rate) to completion; deterministic given `seed`.
     decisions: a DecisionLog (helios.runtime.decisions); the run's decisions are then in sim.decision_log.
+    `arrivals` replaces them with ready-made ones (requests with classes and tenants, class_metrics.py).
 
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
@@ -323,7 +326,7 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     sim = Simulation(sched, core, on_step=tick if bar is not None else None,
                      prefix_cache=prefix_cache_for(setup, scheduler), decisions=decisions)
-    sim.add(to_arrivals(requests))
+    sim.add(to_arrivals(requests) if arrivals is None else arrivals)
     try:
         sim.run()
     finally:

@@ -56,6 +56,7 @@ class RequestLog:
     finish: FinishReason | None = None
     finished_ns: int | None = None
     cached_tokens: int = 0  # prompt tokens a prefix-cache hit saved
+    service_class: str = "default"  # the request's service class (RequestSpec.service_class), for per-class SLOs
 
     @property
     def output_tokens(self) -> int:
@@ -153,7 +154,8 @@ class Simulation:
             self.prefix_cache.admit(handle, a.prefix_blocks, spec.prompt_tokens)
         self.core.attach(handle, spec.prompt_tokens, output_len=a.output_len)
         self.loop.attached(handle)
-        self.logs[handle] = RequestLog(self.now_ns, a.client, spec.prompt_tokens, cached_tokens=cached)
+        self.logs[handle] = RequestLog(self.now_ns, a.client, spec.prompt_tokens, cached_tokens=cached,
+                                       service_class=spec.service_class.name)
         if self.decisions is not None:
             self.decisions.name(handle, None, service_class(spec))
 

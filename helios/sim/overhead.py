@@ -13,6 +13,7 @@ from helios.config import SchedulerConfig
 from helios.graphs import GraphKind
 from helios.prepare import ordinary_catalog
 from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
+from helios.scheduler.service_class import BUILTIN_CLASSES, DEFAULT_CLASS
 from helios.sim.synthetic_cost import SyntheticCostModel
 
 CHUNKS = (64, 128, 192, 256, 384, 512, 768, 1024, 2048, 4096)
@@ -35,15 +36,19 @@ def cost_models() -> dict:
 PARTS = ("plan", "commit", "complete", "publish")
 
 
-def measure(active: int, iterations: int = 300, model=None) -> dict:
+def measure(active: int, iterations: int = 300, model=None, classes: bool = False) -> dict:
     """Mean wall time per decision and per part of it. The completion records are the core's
-    work: they are built outside the timed parts."""
+    work: they are built outside the timed parts. `classes`: the streams cycle through the built-in
+    interactive, standard and batch classes (per-row weights and adaptation times) instead of the
+    default class."""
     catalog = bench_catalog()
     model = model or SyntheticCostModel.realistic_small()
     s = Scheduler(catalog, config=SchedulerConfig(request_slots=64, kv_pages=1 << 16))
     s.seed_costs({shape: [model.duration_ns(shape, [])] for shape in catalog}, 0)
-    for _ in range(active):
-        s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000), 0)  # long-lived streams
+    mix = [c for c in BUILTIN_CLASSES if c.has_targets] if classes else [DEFAULT_CLASS]
+    left = {}  # prompt tokens each stream has still to be served
+    for i in range(active):  # long-lived streams
+        left[s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000, service_class=mix[i % len(mix)]), 0)] = 64
     fence, now = 0, 0
     spent = dict.fromkeys(PARTS, 0.0)
     clock = time.perf_counter
@@ -68,7 +73,11 @@ def measure(active: int, iterations: int = 300, model=None) -> dict:
         spent["complete"] += t3 - t2
         spent["publish"] += t4 - t3
 
-    while (p := s.plan()) is not None and p.shape.kind is not GraphKind.DECODE:
+    # Warm up until every stream decodes: with classes a consumed prompt's decode can win a decision
+    # before the other prompts are served, and the timed decisions must all be decode decisions.
+    while (p := s.plan()) is not None and (p.shape.kind is not GraphKind.DECODE or any(left.values())):
+        for h, n in zip(p.lanes.handle.tolist(), p.lanes.prompt_tokens.tolist()):
+            left[h] -= n
         run(p)
     spent = dict.fromkeys(PARTS, 0.0)
     for _ in range(iterations):
@@ -83,10 +92,10 @@ def measure(active: int, iterations: int = 300, model=None) -> dict:
             "parts_us": {k: v / iterations * 1e6 for k, v in spent.items()}}
 
 
-def print_overhead(iterations: int = 300) -> list[dict]:
+def print_overhead(iterations: int = 300, classes: bool = False) -> list[dict]:
     out = []
     for name, model in cost_models().items():
-        rows = [measure(n, iterations, model) for n in (1, 4, 16, 64)]
+        rows = [measure(n, iterations, model, classes) for n in (1, 4, 16, 64)]
         print(f"{name}: {rows[0]['graphs']} graphs; shortest decode graph {rows[0]['shortest_decode_us']:.0f} us")
         print(f"{'active':>6}  {'decision (us)':>13}  {'ratio to shortest decode':>24}  last graph")
         for r in rows:

@@ -69,6 +69,11 @@ def load_workload(trace: str, window_s: float, *, seed: int = 0, max_context: in
     return list(_load(trace, float(window_s), int(seed), int(max_context)))
 
 
+def whole_trace(trace: str, *, max_context: int = 8192) -> tuple[TraceRequest, ...]:
+    """Every request of a trace file or built-in trace (azure, mooncake) at its own rate, cached."""
+    return _load(trace, None, 0, int(max_context))
+
+
 def spread_ticks(requests: Sequence[TraceRequest], tick_ns: int) -> list[TraceRequest]:
     """Spread requests that share one timestamp evenly over the time to the next stamp (at most
     `tick_ns`), keeping their order: the stamp is a sampling tick, and replaying ~10 long prompts at

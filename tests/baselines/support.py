@@ -13,7 +13,7 @@ from helios.scheduler.plan import CompletionRecord, ExecutionTiming
 from helios.scheduler.request_spec import RequestSpec
 from helios.sim.loop import Arrival, Simulation
 
-BASELINES = ("vllm-fcfs", "sarathi", "vtc", "direct")
+BASELINES = ("vllm-fcfs", "sarathi", "vtc", "direct", "vllm-priority", "edf")
 ALL = ("helios",) + BASELINES
 FCFS_PREFILL = ("vllm-fcfs", "sarathi", "direct")
 # Decode at B = 1..16; prefill chunks 64/256/1024 with B x C <= 1024.

@@ -18,8 +18,8 @@ from .support import ALL, BASELINES, CATALOG, Stepper, records, simulate, timing
 
 
 def test_registry_names_and_unknown_name():
-    """Rule: the registry holds exactly the five names; an unknown one lists the valid names."""
-    assert list(SCHEDULERS) == ["helios", "vllm-fcfs", "sarathi", "vtc", "direct"]
+    """Rule: the registry holds exactly these names; an unknown one lists the valid names."""
+    assert list(SCHEDULERS) == ["helios", "vllm-fcfs", "sarathi", "vtc", "direct", "vllm-priority", "edf"]
     with pytest.raises(ValueError) as err:
         make_scheduler("fifo", CATALOG)
     for name in SCHEDULERS:
