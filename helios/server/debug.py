@@ -69,7 +69,9 @@ def router(service) -> APIRouter:
     async def decisions(since: int = Query(0, ge=0), limit: int = Query(MAX_READ, ge=1, le=MAX_READ)):
         return await run_in_threadpool(decisions_body, _log(service), since, limit)
 
-    @guarded.get("/debug/decisions/stream")
+    # An endless event stream is no operation a generated client (or the schema fuzz) can call to
+    # completion, so it stays out of /openapi.json; docs/server.md documents it.
+    @guarded.get("/debug/decisions/stream", include_in_schema=False)
     async def decision_stream(request: Request, since: int | None = Query(None, ge=0)):
         log = _log(service)
         resume = request.headers.get("last-event-id", "")
