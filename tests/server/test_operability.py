@@ -112,8 +112,10 @@ def test_token_counters_move_while_a_request_runs_and_the_status_line_reports_it
         flare.ready()
         with httpx.stream("POST", flare.url + "/v1/completions", timeout=60,
                           json={"prompt": "abc", "max_tokens": 400, "stream": True}) as r:
-            seen = 0
-            for line in r.iter_lines():
+            # Holding the line iterator keeps the stream open: a dropped one is closed, and with it
+            # the connection (the server would see a disconnect and cancel the request).
+            lines, seen = r.iter_lines(), 0
+            for line in lines:
                 if line.startswith("data: {"):
                     seen += len(json.loads(line[6:])["choices"][0]["text"])
                 if seen >= 20:
@@ -134,7 +136,8 @@ def test_first_signal_says_what_drains_and_a_second_exits_quietly():
         flare.ready()
         with httpx.stream("POST", flare.url + "/v1/completions", timeout=60,
                           json={"prompt": "abc", "max_tokens": 1000, "stream": True}) as r:
-            next(line for line in r.iter_lines() if line.startswith("data: {"))
+            lines = r.iter_lines()  # held: dropping it would close the connection (see above)
+            next(line for line in lines if line.startswith("data: {"))
             flare.proc.send_signal(signal.SIGINT)
             drain = flare.wait_line("draining")
             assert "draining 1 request for up to 60 s" in drain
