@@ -36,11 +36,11 @@ def cost_models() -> dict:
 PARTS = ("plan", "commit", "complete", "publish")
 
 
-def measure(active: int, iterations: int = 300, model=None, classes: bool = False) -> dict:
-    """Mean wall time per decision and per part of it. The completion records are the core's
-    work: they are built outside the timed parts. `classes`: the streams cycle through the built-in
-    interactive, standard and batch classes (per-row weights and adaptation times) instead of the
-    default class."""
+def decision_parts(active: int, iterations: int = 300, model=None, classes: bool = False) -> list[dict]:
+    """Wall seconds of each of `iterations` decisions once every stream decodes, split into
+    PARTS. The completion records are the core's work: they are built outside the timed parts.
+    `classes`: the streams cycle through the built-in interactive, standard and batch classes
+    (per-row weights and adaptation times) instead of the default class."""
     catalog = bench_catalog()
     model = model or SyntheticCostModel.realistic_small()
     s = Scheduler(catalog, config=SchedulerConfig(request_slots=64, kv_pages=1 << 16))
@@ -50,10 +50,9 @@ def measure(active: int, iterations: int = 300, model=None, classes: bool = Fals
     for i in range(active):  # long-lived streams
         left[s.admit(RequestSpec(64, 1_000_000_000 // 1_000_000, service_class=mix[i % len(mix)]), 0)] = 64
     fence, now = 0, 0
-    spent = dict.fromkeys(PARTS, 0.0)
     clock = time.perf_counter
 
-    def run(plan) -> None:
+    def run(plan, part: dict) -> None:
         nonlocal fence, now
         fence += 1
         t0 = clock()
@@ -68,27 +67,37 @@ def measure(active: int, iterations: int = 300, model=None, classes: bool = Fals
         out = s.complete(fence, records, timing)
         t3 = clock()
         s.published_outputs([g.handle for g in out], fence)  # as the step loop reports a frame's bursts
-        t4 = clock()
-        spent["commit"] += t1 - t0
-        spent["complete"] += t3 - t2
-        spent["publish"] += t4 - t3
+        part.update(commit=t1 - t0, complete=t3 - t2, publish=clock() - t3)
 
     # Warm up until every stream decodes: with classes a consumed prompt's decode can win a decision
     # before the other prompts are served, and the timed decisions must all be decode decisions.
     while (p := s.plan()) is not None and (p.shape.kind is not GraphKind.DECODE or any(left.values())):
         for h, n in zip(p.lanes.handle.tolist(), p.lanes.prompt_tokens.tolist()):
             left[h] -= n
-        run(p)
-    spent = dict.fromkeys(PARTS, 0.0)
+        run(p, {})
+    parts = []
     for _ in range(iterations):
         t0 = clock()
         p = s.plan()
-        spent["plan"] += clock() - t0
-        run(p)
-    shortest = min(model.duration_ns(sh, [64]) for sh in catalog.of_kind(GraphKind.DECODE))
+        part = {"plan": clock() - t0}
+        run(p, part)
+        parts.append(part)
+    return parts
+
+
+def shortest_decode_ns(model) -> float:
+    return min(model.duration_ns(sh, [64]) for sh in bench_catalog().of_kind(GraphKind.DECODE))
+
+
+def measure(active: int, iterations: int = 300, model=None, classes: bool = False) -> dict:
+    """Mean wall time per decision and per part of it (see `decision_parts`)."""
+    model = model or SyntheticCostModel.realistic_small()
+    parts = decision_parts(active, iterations, model, classes)
+    spent = {k: sum(p[k] for p in parts) for k in PARTS}
+    shortest = shortest_decode_ns(model)
     per = sum(spent.values()) / iterations
-    return {"active": active, "graphs": len(catalog), "decision_us": per * 1e6,
-            "shortest_decode_us": shortest / 1e3, "ratio": per * 1e9 / shortest, "last": p.shape.label(),
+    return {"active": active, "graphs": len(bench_catalog()), "decision_us": per * 1e6,
+            "shortest_decode_us": shortest / 1e3, "ratio": per * 1e9 / shortest,
             "parts_us": {k: v / iterations * 1e6 for k, v in spent.items()}}
 
 
@@ -97,9 +106,9 @@ def print_overhead(iterations: int = 300, classes: bool = False) -> list[dict]:
     for name, model in cost_models().items():
         rows = [measure(n, iterations, model, classes) for n in (1, 4, 16, 64)]
         print(f"{name}: {rows[0]['graphs']} graphs; shortest decode graph {rows[0]['shortest_decode_us']:.0f} us")
-        print(f"{'active':>6}  {'decision (us)':>13}  {'ratio to shortest decode':>24}  last graph")
+        print(f"{'active':>6}  {'decision (us)':>13}  {'ratio to shortest decode':>24}")
         for r in rows:
-            print(f"{r['active']:>6}  {r['decision_us']:>13.1f}  {r['ratio']:>23.2%}  {r['last']}")
+            print(f"{r['active']:>6}  {r['decision_us']:>13.1f}  {r['ratio']:>23.2%}")
         parts = rows[-1]["parts_us"]
         print(f"  at {rows[-1]['active']} active: " + ", ".join(f"{k} {v:.1f} us" for k, v in parts.items()))
         out += rows
