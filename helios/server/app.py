@@ -234,7 +234,8 @@ async def _serve(request: Request, service: Service, req, chat: bool):
                             "constrain its output)", param=param, code="unsupported_parameter")
     if getattr(backend.core, "grammars", False):  # compiled and probed here, not on the engine's thread
         prepared = await run_in_threadpool(compile_for_core, prepared, backend.core, grammar_param(req))
-    choices = service.submit(with_class(prepared, classed), chat, client)
+    # The scheduler's client (its tenant, its slot share) is the unit of fair admission.
+    choices = service.submit(with_class(prepared, {**classed, "client": client}), chat, client)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
     draining = lambda: service.draining  # noqa: E731
