@@ -17,7 +17,7 @@ def test_the_scheduler_prices_the_admission_client():
         sched.admit = lambda spec, now: (seen.append(spec.client), admit(spec, now))[1]
         for body in ({"prompt": "a", "max_tokens": 2, "user": "alice"}, {"prompt": "b", "max_tokens": 2}):
             assert c.post("/v1/completions", json=body).status_code == 200
-        assert seen == ["user:alice", "addr:testclient"]  # the TestClient's address
+        assert seen == ["alice", "addr:testclient"]  # `user`, else the TestClient's address
         assert sched.config.slot_share  # on by default
 
 
