@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from helios.config import PolicyConfig, PreemptionConfig, PreemptionPolicy, SchedulerConfig
@@ -13,6 +14,7 @@ from helios.graphs import Catalog, GraphKind
 from helios.prepare import Capacities
 from helios.runtime.driver import SyncDriver
 from helios.scheduler import FinishReason, Scheduler
+from helios.scheduler.slot_share import SlotShares
 
 from tests.scheduler.conftest import MS, FixedCosts, cancel_pick
 from tests.scheduler.test_state_operations import TABLE
@@ -90,9 +92,9 @@ def test_without_the_share_the_canary_waits_behind_the_hogs_waiters():
     assert waited > frames_until_slot(on_sched, on, on.submit(prompt(50, 20), 8, client="canary", output_len=8))
 
 
-def test_without_preemption_the_first_free_slot_goes_to_the_entitled_client():
+def test_without_preemption_the_first_free_slot_goes_to_the_poorer_client():
     # Slot admission alone: the hog's six waiters, which have waited longer and are priced higher,
-    # are held back while the canary (entitled to a slot) waits.
+    # are held back while the canary (holding no slot) waits.
     sched, d, hog = hog_fills_every_slot(preemption=PreemptionConfig(), table=PLAIN)
     canary = d.submit(prompt(50, 20), 8, client="canary", output_len=8)
     waiting_hog = [h for h in hog if sched.request_row(h).slot is None and sched.request_row(h).output_done == 0]
@@ -100,10 +102,8 @@ def test_without_preemption_the_first_free_slot_goes_to_the_entitled_client():
         d.step()
         started = [h for h in waiting_hog if sched.request_row(h).slot is not None]
         assert not started or sched.request_row(canary).slot is not None
-    # The hog's four rows ended together: the canary and two hog waiters (the hog's share) started
-    # in one prefill; the last slot goes to the hog in the next frame (no entitled client waits).
-    assert len(holders(sched, d, hog)) == 2
-    d.step()
+    # The hog's four rows ended together: the four free slots were water-filled, one to the canary
+    # (its one waiter) and three to the hog, in one prefill.
     assert len(holders(sched, d, hog)) == 3 and sched.resources.free_slots == 0
     # Off, a hog waiter takes the first free slot.
     off_sched, off, off_hog = hog_fills_every_slot(slot_share=False, preemption=PreemptionConfig(), table=PLAIN)
@@ -145,6 +145,44 @@ def test_each_of_two_clients_gets_half_the_slots_while_both_wait():
     for _ in range(12):
         d.step()
     assert len(holders(sched, d, canaries)) == 2 and len(holders(sched, d, hog)) == 2
+
+
+def test_with_more_clients_than_slots_each_newcomer_takes_one_from_the_richest():
+    # Max-min by count: four newcomers of four other clients take slots from the hog while it would
+    # still hold at least as many as the taker afterwards (3 >= 1, 2 >= 1, 1 >= 1; not 0 >= 1).
+    sched, d, hog = hog_fills_every_slot()
+    others = [d.submit(prompt(70 + i, 20), 30, client=f"c{i}", output_len=30) for i in range(4)]
+    for _ in range(12):
+        d.step()
+    assert len(holders(sched, d, hog)) == 1 and len(holders(sched, d, others)) == 3
+
+
+def test_clients_one_slot_apart_never_pass_a_slot_back_and_forth():
+    # 3 slots, a holds 2 and b holds 1, both with waiters: moving a slot would only swap the two.
+    sched, d = driver(slots=3)
+    a = [d.submit(prompt(i), 60, client="a", output_len=60) for i in range(2)]
+    b = [d.submit(prompt(10 + i), 60, client="b", output_len=60) for i in range(1)]
+    for _ in range(10):
+        d.step()
+    a += [d.submit(prompt(20 + i), 60, client="a", output_len=60) for i in range(2)]
+    b += [d.submit(prompt(30 + i), 60, client="b", output_len=60) for i in range(2)]
+    seen = len(d.history)
+    for _ in range(30):
+        d.step()
+    assert not any(p.shape.kind is GraphKind.SNAPSHOT for p in d.history[seen:])
+    assert sorted((len(holders(sched, d, a)), len(holders(sched, d, b)))) == [1, 2]
+
+
+def test_free_slots_are_water_filled_by_weight():
+    def fill(held, weight, demand, slots):
+        shares = SlotShares(np.zeros(0, np.int64), np.zeros(0, np.int64), np.array(held), np.array(weight, float),
+                            np.zeros(0, bool))
+        return shares._water_fill(np.array(demand), slots).tolist()
+    assert fill([4, 0], [1, 1], [6, 1], 1) == [0, 1]  # the newcomer's client first
+    assert fill([0, 0], [1, 1], [6, 1], 4) == [3, 1]  # work-conserving: what one leaves, the other takes
+    assert fill([2, 2], [1, 1], [3, 3], 1) == [1, 1]  # a tie: both keep a waiter, price decides
+    assert fill([0, 0], [2, 1], [9, 9], 3) == [2, 1]  # weight 2 gets two slots for the other's one
+    assert fill([1, 0], [1, 1], [0, 5], 2) == [0, 2]  # a client without waiters takes nothing
 
 
 # ---- invariants with preemption, three clients, cancellations -----------------------------------
