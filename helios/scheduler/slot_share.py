@@ -8,7 +8,7 @@ a unit of the slots themselves, divided max-min fairly by weight. A client's *le
 it holds over its weight (its tenant weight; the largest of its live requests', which normally all
 carry the same); slots held by preempted rows whose snapshot is pending count as given back.
 
-- Slot admission (`SlotShares.blocked_rows`): when clients of two or more clients wait for slots
+- Slot admission (`SlotShares.blocked_rows`): when requests of two or more clients wait for slots
   and some are free, the free slots are water-filled among the waiting clients, each next slot to
   the client whose level after taking it is lowest; a client's waiters past what it got (its
   highest-priced first) are held back from the planning view (and their restores from the restore

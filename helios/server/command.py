@@ -141,11 +141,11 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                    help="how many times a waiting request's fairness price must exceed a running one's before "
                         "it may pause it (>= 1, default 4: about adaptation-ms x ln 4 of waiting)")
     g.add_argument("--slot-share", choices=("fair", "off"), default="fair",
-                   help="fair (default): a client (its `user` field, else its address) holds at most its share of "
-                        "the slots (slots / clients with requests) while another client's request waits for one: "
-                        "that client's waiting requests are held back, and one of its running generations is "
-                        "paused when preemption is on; a lone client still uses every slot. off: requests compete "
-                        "for slots by price alone, whatever their client (docs/server.md, \"Bad clients\")")
+                   help="fair (default): while requests of several clients (`user`, else the address) wait, slots "
+                        "are shared max-min fairly among clients: free slots go first to the clients holding "
+                        "fewest, and with preemption on a waiting request pauses a running generation of a client "
+                        "that would still hold at least as many; a lone client still uses every slot. off: "
+                        "requests compete for slots by price alone (docs/server.md, \"Bad clients\")")
     g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
                    help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
     g = run.add_argument_group("HTTP limits")
