@@ -275,7 +275,7 @@ class Scheduler:
         if not self.preempts:
             return []
         self.publications.flush()
-        shares = current_shares(self.requests, self.state.captures) \
+        shares = current_shares(self.requests, self.state.captures, self.memo) \
             if self.config.slot_share else None  # a client's share of the slots (slot_share.py)
         pairs = preemption_due(self.requests, self.resources, self.state, self.config.preemption, now_ns,
                                self.config.max_context, self._preemption_excluded(), shares)  # releases started waiters' holds

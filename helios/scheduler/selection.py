@@ -75,7 +75,7 @@ def current_view(sched: SelectionInputs, now_ns: int) -> PlanningView | None:
     live = sched.requests.live_rows()
     held_out = frozenset()
     if sched.config.slot_share:  # waiters of clients past their share of the slots (slot_share.py)
-        live, held_out = hold_back_clients(sched.requests, live, sched.resources.free_slots, prereqs)
+        live, held_out = hold_back_clients(sched.requests, live, sched.resources.free_slots, prereqs, sched.memo)
     if prereqs.active:  # a catalog without state or vision graphs (or a baseline) has none
         live = prereqs.hold_back(sched.requests, live)
     if not len(live) and not prereqs.pending():
@@ -93,10 +93,10 @@ def current_view(sched: SelectionInputs, now_ns: int) -> PlanningView | None:
     return view
 
 
-def hold_back_clients(t: RequestTable, live: np.ndarray, free_slots: int, prereqs: Prerequisites):
+def hold_back_clients(t: RequestTable, live: np.ndarray, free_slots: int, prereqs: Prerequisites, memo: Memo):
     """(`live` without the waiters past their client's part of the free slots, the handles held
     back): slot admission by client share (slot_share.py)."""
-    shares = current_shares(t, prereqs.kinds["state"].ops.captures)
+    shares = current_shares(t, prereqs.kinds["state"].ops.captures, memo)
     if shares is None:
         return live, frozenset()
     blocked = shares.blocked_rows(t, free_slots)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from helios.scheduler.memo import Memo, by_identity
 from helios.scheduler.requests import NO_SLOT, RequestTable
 
 EPS = 1e-9  # levels are slot counts over weights: equal within rounding
@@ -83,12 +84,25 @@ class SlotShares:
         return given
 
 
-def slot_shares(t: RequestTable, live: np.ndarray, retiring=frozenset()) -> SlotShares | None:
+def slot_shares(t: RequestTable, live: np.ndarray, retiring=frozenset(), memo: Memo | None = None) -> SlotShares | None:
     """The clients of `live` (live_rows()), or None with at most one client (nothing to divide).
     `retiring`: handles of preempted rows whose snapshot is pending (their slot is counted as given
-    back, and they wait for it again)."""
+    back, and they wait for it again). `memo`: the scheduler's Memo (the clients of a live-rows
+    array are kept with it: they change only when it does)."""
     if len(live) < 2:
         return None
+    clients = _clients(t, live) if memo is None else by_identity(memo.clients, live, lambda rows: _clients(t, rows), 8)
+    if clients is None:
+        return None
+    client, weight = clients
+    holds = t.slot[live] != NO_SLOT
+    if retiring:
+        holds &= ~np.isin(t.handle[live], np.fromiter(retiring, np.int64, len(retiring)))
+    return SlotShares(live, client, np.bincount(client[holds], minlength=len(weight)), weight, ~holds)
+
+
+def _clients(t: RequestTable, live: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    # (client index per row, weight per client), or None for a single client.
     names = [t.specs[r].client for r in live.tolist()]
     first = names[0]
     if all(n == first for n in names):  # the common case: one client
@@ -98,17 +112,14 @@ def slot_shares(t: RequestTable, live: np.ndarray, retiring=frozenset()) -> Slot
     weight = np.zeros(len(index))
     for i, r in enumerate(live.tolist()):
         weight[client[i]] = max(weight[client[i]], t.specs[r].tenant_weight)
-    holds = t.slot[live] != NO_SLOT
-    if retiring:
-        holds &= ~np.isin(t.handle[live], np.fromiter(retiring, np.int64, len(retiring)))
-    return SlotShares(live, client, np.bincount(client[holds], minlength=len(index)), weight, ~holds)
+    return client, weight
 
 
-def current_shares(t: RequestTable, captures) -> SlotShares | None:
+def current_shares(t: RequestTable, captures, memo: Memo | None = None) -> SlotShares | None:
     """slot_shares of the live rows now; `captures`: StateOperations.captures (its preempted
     entries are retiring)."""
     retiring = frozenset(h for h, c in captures.items() if c.preempted) if captures else frozenset()
-    return slot_shares(t, t.live_rows(), retiring)
+    return slot_shares(t, t.live_rows(), retiring, memo)
 
 
 def share_due(t: RequestTable, shares: SlotShares, waiters: list[int], need: dict[int, int], victims: list[int],
@@ -117,13 +128,18 @@ def share_due(t: RequestTable, shares: SlotShares, waiters: list[int], need: dic
     first) that cannot start in `free_slots` and `free_pages` (its extent `need[row]`), resident
     decoders of richer clients that cover its slot and pages (see the module docstring);
     `victims`: the decoders that may be preempted at all; at most `budget` retirements."""
-    pos = {r: i for i, r in enumerate(shares.rows.tolist())}
     held, weight = shares.held.astype(float), shares.weight
+    if not victims:
+        return []
+    pos = {r: i for i, r in enumerate(shares.rows.tolist())}
+    of = {v: int(shares.client[pos[v]]) for v in victims}
+    lowest = min((held[shares.client[pos[w]]] + 1) / weight[shares.client[pos[w]]] for w in waiters)
+    if max((held[c] - 1) / weight[c] for c in set(of.values())) < lowest - EPS:
+        return []  # the usual case: no client with a resident decoder is richer than a waiting one
     # Within a client, the lowest price first: the largest log x - log w (w f / x is the row's
     # fairness price), then the most output left (it would hold its slot longest), then the handle.
-    left = dict(zip(victims, t.output_left(np.asarray(victims, dtype=np.int64)).tolist())) if victims else {}
+    left = dict(zip(victims, t.output_left(np.asarray(victims, dtype=np.int64)).tolist()))
     cheap = {v: (float(t.log_x[v]) - float(t.log_w[v]), left[v], -int(t.handle[v])) for v in victims}
-    of = {v: int(shares.client[pos[v]]) for v in victims}
     pairs: list[tuple[int, int]] = []
     order = sorted(waiters, key=lambda w: (held[shares.client[pos[w]]] + 1) / weight[shares.client[pos[w]]])
     for w in order:  # sorted() is stable: price order within a level
