@@ -151,7 +151,8 @@ def share_due(t: RequestTable, shares: SlotShares, waiters: list[int], need: dic
         take, slots, pages, after = [], free_slots, free_pages, held.copy()
         while len(pairs) + len(take) < budget and not (slots >= 1 and pages >= need[w]):
             floor = (after[r] + 1) / weight[r]
-            richer = [v for v in victims if of[v] != r and v not in take and (after[of[v]] - 1) / weight[of[v]] >= floor - EPS]
+            richer = [v for v in victims
+                      if of[v] != r and v not in take and (after[of[v]] - 1) / weight[of[v]] >= floor - EPS]
             if not richer:
                 break
             v = max(richer, key=lambda v: (after[of[v]] / weight[of[v]], cheap[v]))

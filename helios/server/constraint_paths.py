@@ -3,12 +3,14 @@ on its own (the field path of the schema itself: structured_outputs.constraint_s
 
 The probe (constraint_limits.py) compiles a whole grammar and walks a few tokens; llguidance's
 reasons name neither the request field nor the schema position. So when a schema fails, its
-subschemas are tried alone, depth first (properties, patternProperties, anyOf/oneOf/allOf/prefixItems
-entries, items, additionalProperties, not, if/then/else, contains, and last $defs and definitions,
-which fail through the places that use them), each with the root's `$defs` and `definitions` so that its references still resolve;
-the walk descends into the first one that fails the same check and stops where none does. The
-path then reads like `response_format.json_schema.schema.properties.x` (list entries as
-`anyOf[3]`). At most `attempts` subschemas are compiled, so a wide schema costs a bounded time.
+subschemas are tried alone, depth first (properties, patternProperties, the entries of
+anyOf/oneOf/allOf/prefixItems, items, additionalProperties, not, if/then/else, contains, and last
+$defs and definitions, which fail through the places that use them), each with the root's `$defs`
+and `definitions` so that its references still resolve. The walk descends into the first one that
+fails the same check and stops where none does; the path then reads like
+`response_format.json_schema.schema.properties.x` (list entries as `anyOf[3]`). At most `attempts`
+subschemas are compiled, so a wide schema costs a bounded time. A subschema can also fail alone for
+a reason of its own (a reference to a position outside the definitions); then it is named instead.
 """
 
 from __future__ import annotations
