@@ -38,6 +38,10 @@ candidate (prerequisites.py); the victim's price grew while it waited, so it get
 does not itself trigger preemption: slots come free as residents finish (each within its
 max_tokens), and the restores then compete for them.
 
+With client slot shares on (`SchedulerConfig.slot_share`), the share rule of slot_share.py runs
+first (a waiter takes a slot from a client that keeps at least as many per weight); when it
+retires anything, the PRICE rule waits for the next call.
+
 Pure and deterministic: no clock (time is `now_ns`), ties broken by handle.
 """
 
