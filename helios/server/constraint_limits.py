@@ -105,17 +105,18 @@ def compile_for_core(prepared, core, param: str | None, limits: ConstraintLimits
     """`prepared` with its grammar compiled into a matcher for `core`'s tokenizer and probed, so
     that the core attaches it without compiling (helios.engine.grammar.CompiledGrammar). A 400
     for a grammar the matcher refuses or fails on within the probe, naming `param`, or with
-    `source` (constraint_paths.constraint_source) the field path of the constraint and, for a JSON
-    schema, of its deepest subschema that fails alone."""
+    `source` (structured_outputs.constraint_source) the field path of the constraint and, for a
+    JSON schema the probe refuses, of its deepest subschema that fails alone."""
     grammar = next((c.params.core_options.get(GRAMMAR_OPTION) for c in prepared.choices
                     if GRAMMAR_OPTION in c.params.core_options), None)
     if grammar is None or not isinstance(grammar, str):
         return prepared
     lltokenizer = core.prepare_grammars()
+    field = param if source is None else source[0]
     try:
-        compiled = timed(_checked, lltokenizer, grammar, limits.probe_tokens, param=param, limits=limits)
+        compiled = timed(_checked, lltokenizer, grammar, limits.probe_tokens, param=field, limits=limits)
     except InvalidRequest as exc:
-        path = param if source is None else _failing_path(lltokenizer, *source, limits)
+        path = field if source is None else _failing_path(lltokenizer, *source, limits)
         log.info("constraint %s refused: %s", path, exc)
         _refuse(path, str(exc))
     choices = tuple(dataclasses.replace(c, params=dataclasses.replace(
