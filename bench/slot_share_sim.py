@@ -57,7 +57,8 @@ def main() -> None:
     out = {on: run(on, args) for on in (False, True)}
     for on, r in out.items():
         m = r["metrics"]
-        print(f"slot_share {'on ' if on else 'off'}: {m.finished}/{m.requests} finished, output {m.output_tok_s:.0f} tok/s, "
+        mode = "on " if on else "off"
+        print(f"slot_share {mode}: {m.finished}/{m.requests} finished, output {m.output_tok_s:.0f} tok/s, "
               f"TTFT p50/p99 {m.ttft_p50_ms:.0f}/{m.ttft_p99_ms:.0f} ms, gap p99 {m.gap_p99_ms:.0f} ms, "
               f"SLO {m.slo_attainment:.3f}, Jain {m.jain if m.jain is None else round(m.jain, 3)}")
         for c, (p50, p99, n) in r["ttft"].items():
