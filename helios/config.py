@@ -305,6 +305,9 @@ class SchedulerConfig:
     # Automatic preemption (off unless asked for; `flare run` turns it on where the catalog has
     # snapshot and restore graphs). Without them, or with a baseline, it never acts.
     preemption: PreemptionConfig = PreemptionConfig()
+    # A client's share of the running slots (scheduler/slot_share.py): off unless asked for;
+    # `flare run --slot-share fair` (its default) turns it on for the Helios scheduler.
+    slot_share: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.speculation, SpeculationMode):
@@ -312,14 +315,14 @@ class SchedulerConfig:
                 object.__setattr__(self, "speculation", SpeculationMode(self.speculation))
             except ValueError:
                 raise ConfigError("speculation", f"choose off, fixed or adaptive, got {self.speculation!r}") from None
-        for name in ("copy_proposals", "funded_exploration"):
+        for name in ("copy_proposals", "funded_exploration", "slot_share"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, "must be a bool")
         if not isinstance(self.preemption, PreemptionConfig):
             raise ConfigError("preemption", f"must be a PreemptionConfig, got {self.preemption!r}")
         for f in fields(self):
             if f.name in ("speculation", "copy_proposals", "funded_exploration", "checkpoint_extra_work_fraction",
-                          "preemption"):
+                          "preemption", "slot_share"):
                 continue
             value = getattr(self, f.name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:

@@ -45,13 +45,15 @@ class SyncDriver:
     def now(self) -> int:
         return self.loop.now()
 
-    def submit(self, prompt: Sequence[int], max_tokens: int, endpoints: Sequence[int] = (), **options) -> int:
+    def submit(self, prompt: Sequence[int], max_tokens: int, endpoints: Sequence[int] = (), client: str = "default",
+               **options) -> int:
         """Admit and attach one request; `endpoints` (message ends) let it restore a stored
-        checkpoint and make its final state a terminal capture (helios.runtime.checkpoint_admission)."""
+        checkpoint and make its final state a terminal capture (helios.runtime.checkpoint_admission).
+        `client`: the RequestSpec's client (its tenant)."""
         now = self.now()
         match, store = checkpoint_match(self.scheduler, self.core, prompt)
         spec = RequestSpec(len(prompt), max_tokens, cached_tokens=match.tokens if match else 0,
-                           endpoints=tuple(endpoints))
+                           endpoints=tuple(endpoints), client=client)
         try:
             handle = self.scheduler.admit(spec, now)
         except BaseException:

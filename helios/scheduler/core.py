@@ -31,6 +31,7 @@ from helios.scheduler.memo import Memo
 from helios.scheduler.prerequisite import Built
 from helios.scheduler.prerequisite_kinds import Prerequisites
 from helios.scheduler.shapes import ShapeSets
+from helios.scheduler.slot_share import current_shares
 from helios.scheduler.speculation import ProposalSource, SpeculationModel
 from helios.scheduler.tracelog import TraceLog
 from helios.scheduler.utility import DecodeReference
@@ -274,8 +275,10 @@ class Scheduler:
         if not self.preempts:
             return []
         self.publications.flush()
+        shares = current_shares(self.requests, self.state.captures, self.memo) \
+            if self.config.slot_share else None  # a client's share of the slots (slot_share.py)
         pairs = preemption_due(self.requests, self.resources, self.state, self.config.preemption, now_ns,
-                               self.config.max_context, self._preemption_excluded())  # releases started waiters' holds
+                               self.config.max_context, self._preemption_excluded(), shares)  # releases started waiters' holds
         for victim, waiter in pairs:
             self.preempt(victim, now_ns)
             self.state.held[victim] = waiter  # its restore waits until the waiter has started

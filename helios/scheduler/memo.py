@@ -17,7 +17,7 @@ from __future__ import annotations
 class Memo:
     """Per-scheduler caches, each bounded (cleared when full): entries are (object, value) by id."""
 
-    __slots__ = ("keys", "by_capacity", "cohorts", "orders", "survivors", "chunks", "decay")
+    __slots__ = ("keys", "by_capacity", "cohorts", "orders", "survivors", "chunks", "decay", "clients")
 
     def __init__(self) -> None:
         self.keys: dict[int, tuple] = {}  # shape -> policy.finish_candidate's tie-break fields
@@ -27,6 +27,7 @@ class Memo:
         self.survivors: dict[tuple, tuple] = {}  # (mixed shapes, n, prompt pattern) -> mixed._survivors
         self.chunks: dict[int, tuple] = {}  # prefill shape tuple -> prefill._chunks
         self.decay: dict[tuple[float, float], tuple] = {}  # (delta_ms, tau_ms) -> service._decay_terms
+        self.clients: dict[int, tuple] = {}  # live rows array -> slot_share._clients
 
 
 def by_identity(cache: dict, obj, build, limit: int = 4096):

@@ -34,6 +34,8 @@ class PlanningView:
     # (committed plus queued), which decode lanes would otherwise read back from the table.
     decode_cursor: np.ndarray | None = None
     decode_produced: np.ndarray | None = None
+    # Handles held back by client slot shares (scheduler/slot_share.py): their restores wait too.
+    held_out: frozenset = frozenset()
 
 
 def project_rates(t: RequestTable, rows: np.ndarray, queue: ExecutionQueue, tau_ms: float,

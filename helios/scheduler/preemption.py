@@ -38,6 +38,10 @@ candidate (prerequisites.py); the victim's price grew while it waited, so it get
 does not itself trigger preemption: slots come free as residents finish (each within its
 max_tokens), and the restores then compete for them.
 
+With client slot shares on (`SchedulerConfig.slot_share`), the share rule of slot_share.py runs
+first (a waiter takes a slot from a client that keeps at least as many per weight); when it
+retires anything, the PRICE rule waits for the next call.
+
 Pure and deterministic: no clock (time is `now_ns`), ties broken by handle.
 """
 
@@ -51,13 +55,16 @@ from helios.config import PreemptionConfig
 from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.requests import DECODE, DONE, NO_SLOT, PREFILL, RequestTable
 from helios.scheduler.resources import ResourcePool
+from helios.scheduler.slot_share import SlotShares, share_due
 
 
 def due(t: RequestTable, resources: ResourcePool, state: StateOperations, config: PreemptionConfig,
-        now_ns: int, max_context: int, excluded=frozenset()) -> list[tuple[int, int]]:
+        now_ns: int, max_context: int, excluded=frozenset(), shares: SlotShares | None = None) -> list[tuple[int, int]]:
     """(victim, waiter) handles: the resident decoders to preempt now, in order, each with the
     waiter it yields to. First releases the holds of waiters that have started or ended.
-    `excluded`: handles neither preempted nor served (image requests with window operations)."""
+    `excluded`: handles neither preempted nor served (image requests with window operations).
+    `shares`: the clients' slot shares (slot_share.py); when their rule retires anything, the
+    price rule waits for the next call."""
     if not config.enabled or not state.enabled:
         return []
     if state.held:
@@ -81,6 +88,14 @@ def due(t: RequestTable, resources: ResourcePool, state: StateOperations, config
     free_slots = resources.free_slots + len(retiring)
     free_pages = resources.free_pages + sum(int(t.pages[r]) for r in retiring)
     need = resources.extent_pages_of(t, np.array(waiters, dtype=np.int64)).tolist()
+    if shares is not None:
+        order = sorted(zip(waiters, need), key=lambda wp: (float(t.log_x[wp[0]]), int(t.handle[wp[0]])))
+        # The share rule has no quantum: it acts once per waiter of an entitled client, never twice
+        # for the same slot (slot_share.py), so it cannot thrash.
+        eligible = [v for v, _ in _victims(t, config, now_ns, max_context, skip | set(state.restoring), 0)]
+        pairs = share_due(t, shares, [w for w, _ in order], dict(order), eligible, free_slots, free_pages, budget)
+        if pairs:
+            return [(int(t.handle[v]), int(t.handle[w])) for v, w in pairs]
     victims = _victims(t, config, now_ns, max_context, skip | set(state.restoring))
     chosen: list[int] = []
     pairs: list[tuple[int, int]] = []
@@ -119,15 +134,18 @@ def release(t: RequestTable, state: StateOperations) -> None:
             del state.held[victim]
 
 
-def _victims(t: RequestTable, config: PreemptionConfig, now_ns: int, max_context: int, pending) -> list:
-    """(row, remaining output) of the decoders that may be preempted, in the victim key order."""
+def _victims(t: RequestTable, config: PreemptionConfig, now_ns: int, max_context: int, pending,
+             quantum_ns: int | None = None) -> list:
+    """(row, remaining output) of the decoders that may be preempted, in the victim key order;
+    `quantum_ns`: the least residency (None: the config's quantum)."""
     live = t.live_rows()
     rows = live[(t.slot[live] != NO_SLOT) & (t.phase[live] == DECODE)]
     if not len(rows):
         return []
     left = t.output_left(rows)
     room = t.context_tokens(rows) < max_context
-    resident = now_ns - t.resident_ns[rows] >= int(config.quantum_ms * 1e6)
+    quantum = int(config.quantum_ms * 1e6) if quantum_ns is None else quantum_ns
+    resident = now_ns - t.resident_ns[rows] >= quantum
     ok = (left > 0) & room & resident
     keys = [(-int(left[i]), int(t.resident_ns[r]), int(t.handle[r]))
             for i, r in enumerate(rows.tolist()) if ok[i] and int(t.handle[r]) not in pending]

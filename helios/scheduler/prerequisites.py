@@ -132,7 +132,7 @@ def _builder(ops: StateOperations, t: RequestTable, c: StateCandidate):
 def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_shapes, decode_shapes,
                        coeff: PriceCoefficients, log_scale: float, waiting: float, budget: Budget,
                        pages_of, ready_pool: LanePool | None = None,
-                       ready_decoders: LanePool | None = None, mixed_shapes=()) -> list[Candidate]:
+                       ready_decoders: LanePool | None = None, mixed_shapes=(), held_out=frozenset()) -> list[Candidate]:
     """Pending restores that can get a slot and their page extent now. With a measured restore
     and a measured following graph, the cohort and score are the exact two-stage choice over
     every (restore, prefill), (restore, decode) and (restore, width-one mixed) pair
@@ -140,11 +140,12 @@ def restore_candidates(ops: StateOperations, t: RequestTable, costs, prefill_sha
     a preempted decoder in a decode batch or a mixed graph's decode rows. `ready_pool` and
     `ready_decoders` are the prefill and decode lanes already ready to share that graph.
     Otherwise lanes rank by the continuation index. The restore's unused rows advance further
-    pending restores at no extra physical cost."""
+    pending restores at no extra physical cost. `held_out`: handles that client slot shares hold
+    back (slot_share.py)."""
     # While automatic preemption holds a freed slot for a waiter (ops.held), preempted decoders
     # (no prompt left) do not restore: the slot would go straight back to one of them.
     handles = [h for h in ops.restoring if t.slot[r := t.index[h]] == NO_SLOT and t.inflight[r] == 0
-               and not (ops.held and t.prompt_done[r] >= t.prompt_tokens[r])]
+               and not (ops.held and t.prompt_done[r] >= t.prompt_tokens[r]) and h not in held_out]
     if not handles or not ops.restore_shapes or budget.free_slots < 1:
         return []
     rows = np.array([t.index[h] for h in handles], dtype=np.int64)
@@ -305,7 +306,7 @@ class StateKind(Prerequisite):
                                   view.log_scale, view.waiting, Budget(res.free_slots, res.free_pages),
                                   lambda rows: res.extent_pages_of(t, rows),
                                   view.prefill.get(GraphKind.PREFILL, (None,))[0], view.decode,
-                                  tuple(s for s in shapes.mixed if s.token_capacity == 1))
+                                  tuple(s for s in shapes.mixed if s.token_capacity == 1), view.held_out)
 
     def may_retire(self) -> bool:
         return True  # a completed snapshot retires its capture's row

@@ -33,6 +33,7 @@ from helios.scheduler.requests import RequestTable
 from helios.scheduler.resources import ResourcePool
 from helios.scheduler.rounds import speculative_candidates
 from helios.scheduler.shapes import ShapeSets
+from helios.scheduler.slot_share import current_shares
 from helios.scheduler.speculation import ProposalSource, SpeculationModel
 
 
@@ -72,6 +73,9 @@ def current_view(sched: SelectionInputs, now_ns: int) -> PlanningView | None:
     prereqs = sched.prereqs
     # Requests waiting for prerequisite work (a restore, a window operation, an anchor snapshot).
     live = sched.requests.live_rows()
+    held_out = frozenset()
+    if sched.config.slot_share:  # waiters of clients past their share of the slots (slot_share.py)
+        live, held_out = hold_back_clients(sched.requests, live, sched.resources.free_slots, prereqs, sched.memo)
     if prereqs.active:  # a catalog without state or vision graphs (or a baseline) has none
         live = prereqs.hold_back(sched.requests, live)
     if not len(live) and not prereqs.pending():
@@ -85,7 +89,20 @@ def current_view(sched: SelectionInputs, now_ns: int) -> PlanningView | None:
                       defer_prompts=bool(sched.shapes.mixed), memo=sched.memo.decay)
     if prereqs.active:
         prereqs.restrict(view, sched.requests)  # legal chunk ends (images, planned cuts)
+    view.held_out = held_out
     return view
+
+
+def hold_back_clients(t: RequestTable, live: np.ndarray, free_slots: int, prereqs: Prerequisites, memo: Memo):
+    """(`live` without the waiters past their client's part of the free slots, the handles held
+    back): slot admission by client share (slot_share.py)."""
+    shares = current_shares(t, prereqs.kinds["state"].ops.captures, memo)
+    if shares is None:
+        return live, frozenset()
+    blocked = shares.blocked_rows(t, free_slots)
+    if not blocked.any():
+        return live, frozenset()
+    return live[~blocked], frozenset(t.handle[live[blocked]].tolist())
 
 
 def _spec_lanes(sched: SelectionInputs, winner, view: PlanningView):

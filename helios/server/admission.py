@@ -22,8 +22,9 @@ from helios.server.errors import APIError
 
 
 def client_key(user: str | None, address: str | None) -> str:
-    """The unit of fair admission: `user` when given, else the client's address."""
-    return f"user:{user}" if user else f"addr:{address or 'unknown'}"
+    """The unit of fair admission, and the scheduler's client (its tenant, its slot share): `user`
+    when given, as the service classes' tenant tables name it, else "addr:" and the client's address."""
+    return user if user else f"addr:{address or 'unknown'}"
 
 
 class Admission:

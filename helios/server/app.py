@@ -18,7 +18,7 @@ from helios.runtime.stream import RequestStream
 from helios.errors import InvalidRequest
 from helios.server.backend import Backend
 from helios.server.admission import Admission, client_key
-from helios.server.constraint_limits import compile_for_core
+from helios.server.constraint_limits import LIMITS, compile_for_core
 from helios.server.debug import install_debug
 from helios.server.live_stats import LiveStats
 from helios.server.errors import APIError, install_handlers
@@ -31,7 +31,7 @@ from helios.server.schemas import ChatCompletionRequest, CompletionRequest, pars
 from helios.server.responses import Choices, collect, events
 from helios.server.sse import EventStreamResponse, Formatter
 from helios.server.service_classes import ClassPolicy, request_class, with_class
-from helios.server.structured_outputs import grammar_param
+from helios.server.structured_outputs import constraint_source, grammar_param
 from helios.server.translate import Prepared, prepare_chat, prepare_completion
 
 
@@ -233,8 +233,10 @@ async def _serve(request: Request, service: Service, req, chat: bool):
         raise APIError(400, f"{param} needs the torch engine on one rank (this server's core cannot "
                             "constrain its output)", param=param, code="unsupported_parameter")
     if getattr(backend.core, "grammars", False):  # compiled and probed here, not on the engine's thread
-        prepared = await run_in_threadpool(compile_for_core, prepared, backend.core, grammar_param(req))
-    choices = service.submit(with_class(prepared, classed), chat, client)
+        prepared = await run_in_threadpool(compile_for_core, prepared, backend.core, grammar_param(req), LIMITS,
+                                           constraint_source(req))
+    # The scheduler's client (its tenant, its slot share) is the unit of fair admission.
+    choices = service.submit(with_class(prepared, {**classed, "client": client}), chat, client)
     fmt = Formatter(chat, backend.model_id, prepared.request_id, prepared.include_usage,
                     prepared.continuous_usage)
     draining = lambda: service.draining  # noqa: E731

@@ -62,6 +62,8 @@ class EngineOptions:
     preemption: str = "price"
     preemption_quantum_ms: float | None = None
     preemption_price_ratio: float | None = None
+    # A client's share of the running slots (helios.scheduler.slot_share), Helios scheduler only.
+    slot_share: bool = True
 
 
 @dataclass(slots=True)
@@ -205,12 +207,12 @@ def describe_engine(core, options) -> str | None:
 
 def _with_preemption(options, config):
     """The core's scheduler config with `--preemption` and its knobs (ConfigError names the bad
-    one). Baselines never preempt, so only the Helios scheduler gets the policy."""
+    one) and `--slot-share`. Baselines never preempt, so only the Helios scheduler gets them."""
     knobs = {"quantum_ms": options.preemption_quantum_ms, "price_ratio": options.preemption_price_ratio}
     preemption = PreemptionConfig(options.preemption, **{k: v for k, v in knobs.items() if v is not None})
     if options.scheduler != "helios":
         return config
-    return dataclasses.replace(config, preemption=preemption)
+    return dataclasses.replace(config, preemption=preemption, slot_share=options.slot_share)
 
 
 def _scheduler(options, catalog, policy, config):

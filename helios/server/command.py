@@ -140,6 +140,12 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--preemption-price-ratio", type=_ratio, metavar="R",
                    help="how many times a waiting request's fairness price must exceed a running one's before "
                         "it may pause it (>= 1, default 4: about adaptation-ms x ln 4 of waiting)")
+    g.add_argument("--slot-share", choices=("fair", "off"), default="fair",
+                   help="fair (default): while requests of several clients (`user`, else the address) wait, slots "
+                        "are shared max-min fairly among clients: free slots go first to the clients holding "
+                        "fewest, and with preemption on a waiting request pauses a running generation of a client "
+                        "that would still hold at least as many; a lone client still uses every slot. off: "
+                        "requests compete for slots by price alone (docs/server.md, \"Bad clients\")")
     g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
                    help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
     g = run.add_argument_group("HTTP limits")
@@ -212,6 +218,7 @@ def run(args: argparse.Namespace) -> int:
             tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
             mixed_prompt_steps=args.mixed_prompt_steps, mixed_prompt_capacity=args.mixed_prompt_capacity,
             scored_prefill=args.scored_prefill,
+            slot_share=args.slot_share == "fair",
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
         template = load_chat_template(args.chat_template) if args.chat_template else None

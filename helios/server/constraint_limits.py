@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from helios.engine.grammar import GRAMMAR_OPTION, CompiledGrammar, short_reason
+from helios.engine.grammar import GRAMMAR_OPTION, CompiledGrammar, json_schema_grammar, short_reason
 from helios.errors import InvalidRequest
+from helios.server.constraint_paths import deepest_failing
 from helios.server.errors import APIError
 
 log = logging.getLogger(__name__)
@@ -99,22 +100,47 @@ def timed(fn, *args, param: str, limits: ConstraintLimits = LIMITS):
         _refuse(param, f"it did not compile within {limits.compile_s:g} s")
 
 
-def compile_for_core(prepared, core, param: str | None, limits: ConstraintLimits = LIMITS):
+def compile_for_core(prepared, core, param: str | None, limits: ConstraintLimits = LIMITS,
+                     source: tuple[str, dict | None] | None = None):
     """`prepared` with its grammar compiled into a matcher for `core`'s tokenizer and probed, so
     that the core attaches it without compiling (helios.engine.grammar.CompiledGrammar). A 400
-    naming `param` for a grammar the matcher refuses or fails on within the probe."""
+    for a grammar the matcher refuses or fails on within the probe, naming `param`, or with
+    `source` (structured_outputs.constraint_source) the field path of the constraint and, for a
+    JSON schema the probe refuses, of its deepest subschema that fails alone."""
     grammar = next((c.params.core_options.get(GRAMMAR_OPTION) for c in prepared.choices
                     if GRAMMAR_OPTION in c.params.core_options), None)
     if grammar is None or not isinstance(grammar, str):
         return prepared
+    lltokenizer = core.prepare_grammars()
+    field = param if source is None else source[0]
     try:
-        compiled = timed(_checked, core.prepare_grammars(), grammar, limits.probe_tokens, param=param, limits=limits)
+        compiled = timed(_checked, lltokenizer, grammar, limits.probe_tokens, param=field, limits=limits)
     except InvalidRequest as exc:
-        log.info("constraint %s refused: %s", param, exc)
-        _refuse(param, str(exc))
+        path = field if source is None else _failing_path(lltokenizer, *source, limits)
+        log.info("constraint %s refused: %s", path, exc)
+        _refuse(path, str(exc))
     choices = tuple(dataclasses.replace(c, params=dataclasses.replace(
         c.params, core_options={**c.params.core_options, GRAMMAR_OPTION: compiled})) for c in prepared.choices)
     return dataclasses.replace(prepared, choices=choices)
+
+
+def _failing_path(lltokenizer, path: str, schema: dict | None, limits: ConstraintLimits) -> str:
+    # The deepest subschema that fails the same compile and probe alone, within the compile budget
+    # (past it, the constraint's own field path).
+    if schema is None:
+        return path
+
+    def fails(sub: dict) -> bool:
+        try:
+            _checked(lltokenizer, json_schema_grammar(sub), limits.probe_tokens)
+        except InvalidRequest:
+            return True
+        return False
+    future = _COMPILER.submit(deepest_failing, schema, path, fails)
+    try:
+        return future.result(timeout=limits.compile_s)
+    except concurrent.futures.TimeoutError:
+        return path
 
 
 @functools.lru_cache(maxsize=256)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 
+from helios.server.constraint_paths import LISTS as _LISTS, MAPS as _MAPS, ONE as _ONE
 from helios.server.errors import APIError
 from helios.server.response_format import compiled_grammar, response_grammar
 from helios.server.schemas import StructuredOutputs
@@ -86,11 +87,6 @@ def _schema(value, param: str) -> dict:
     return value
 
 
-_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> subschema
-_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
-
-
 def _closed(schema):
     # vLLM's disable_additional_properties: every object schema that does not say otherwise allows
     # only its named properties. Only subschema positions are walked, so a property that happens
@@ -117,3 +113,30 @@ def _text(kind: str, value, param: str) -> str:
     if kind == "choice" and not value:
         raise APIError(400, f"{param} needs at least one choice", param=param, code="invalid_value")
     return compiled_grammar(kind, value, param)
+
+
+def constraint_source(req) -> tuple[str, dict | None] | None:
+    """(the field path of the request's constraint source, its JSON schema when it is one), or None
+    for free text. Only called for a request whose constraint was parsed already (no 400 here)."""
+    param = grammar_param(req)
+    if param is None:
+        return None
+    if param == "response_format":
+        fmt = req.response_format
+        if fmt.get("type") != "json_schema":
+            return param, None
+        return f"{param}.json_schema.schema", _schema_dict((fmt.get("json_schema") or {}).get("schema"))
+    if param == PARAM:
+        so = req.structured_outputs
+        kind = next((k for k in KINDS if getattr(so, "json_schema" if k == "json" else k, None) not in (None, False)),
+                    None)
+        if kind is None:
+            return param, None
+        return f"{param}.{kind}", (_schema_dict(so.json_schema) if kind == "json" else None)
+    return param, (_schema_dict(getattr(req, param)) if param == "guided_json" else None)
+
+
+def _schema_dict(value) -> dict | None:
+    if isinstance(value, str):  # a schema sent as JSON text (it parsed before the probe ran)
+        value = json.loads(value)
+    return value if isinstance(value, dict) else None

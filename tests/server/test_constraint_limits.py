@@ -10,7 +10,9 @@ Rules tested:
   succeed): for choice lists and schema depths up to the budgets and past them, the constraint
   is served exactly when it is within the budgets, and otherwise refused with a 400 naming the
   field, never anything else;
-- an admitted constraint reaches the core compiled (the engine's thread does not compile it).
+- an admitted constraint reaches the core compiled (the engine's thread does not compile it);
+- a constraint the probe refuses is named by its deepest failing path: the field that holds it and,
+  for a JSON schema, the deepest subschema that fails alone (`...schema.properties.x`).
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from helios.engine.model.tokenizer import Tokenizer
 from helios.server.app import ServerSettings, create_app
 from helios.server.backend import EngineOptions, build_backend
 from helios.server.constraint_limits import LIMITS, compile_for_core
+from helios.server.constraint_paths import deepest_failing
+from helios.server.errors import APIError
 from helios.server.schemas import ChatCompletionRequest
-from helios.server.structured_outputs import grammar_param
+from helios.server.structured_outputs import constraint_source, grammar_param
 from helios.server.translate import prepare_chat
 
 from .support import InProcessServer
@@ -49,7 +53,7 @@ HOSTILE = {
                      "structured_outputs.choice"),
     "choice 70,000": ({"guided_choice": [f"label{i}" for i in range(70_000)]}, "guided_choice"),
     "recursive $ref": ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
-        "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}}, "response_format"),
+        "$ref": "#/$defs/a", "$defs": {"a": {"$ref": "#/$defs/a"}}}}}}, "response_format.json_schema.schema.$defs.a"),
     "anyOf 5,000": ({"structured_outputs": {"json": {"anyOf": [{"const": f"v{i}"} for i in range(5000)]}}},
                     "structured_outputs.json"),
     "schema text 500 deep": ({"guided_json": _nested(500)}, "guided_json"),
@@ -133,3 +137,47 @@ def test_an_admitted_constraint_reaches_the_core_compiled():
     req = ChatCompletionRequest.model_validate_json(json.dumps({"messages": ASK, "guided_choice": ["a", "b"]}))
     prepared = compile_for_core(prepare_chat(req, tok, 512, tok.vocab_size), core, grammar_param(req))
     assert isinstance(prepared.choices[0].params.core_options[GRAMMAR_OPTION], CompiledGrammar)
+
+
+def _refused_param(fields: dict) -> str:
+    tok = Tokenizer.from_gguf()
+    core = types.SimpleNamespace(prepare_grammars=lambda ll=grammar_tokenizer(tok, tok.vocab_size): ll)
+    req = ChatCompletionRequest.model_validate_json(json.dumps({"messages": ASK, **fields}))
+    with pytest.raises(APIError) as refused:
+        compile_for_core(prepare_chat(req, tok, 512, tok.vocab_size), core, grammar_param(req), LIMITS,
+                         constraint_source(req))
+    assert refused.value.status == 400 and str(refused.value).startswith(refused.value.param + ": ")
+    return refused.value.param
+
+
+LOOP = {"a": {"$ref": "#/$defs/a"}}  # compiles, then no token can follow: the probe refuses it
+
+
+@pytest.mark.parametrize("fields, path", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": {
+        "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"], "$defs": LOOP}}}},
+     "response_format.json_schema.schema.properties.x"),
+    ({"guided_json": {"type": "object", "required": ["outer"], "definitions": {"a": {"$ref": "#/definitions/a"}},
+                      "properties": {"outer": {"type": "object", "properties": {"x": {"$ref": "#/definitions/a"}},
+                                               "required": ["x"]}}}},
+     "guided_json.properties.outer.properties.x"),
+    ({"structured_outputs": {"json": json.dumps({"anyOf": [{"$ref": "#/$defs/a"}], "$defs": LOOP})}},
+     "structured_outputs.json.anyOf[0]"),
+])
+def test_a_probe_refusal_names_the_deepest_failing_subschema(fields, path):
+    assert _refused_param(fields) == path
+
+
+def test_the_failing_path_walk_is_depth_first_definitions_last_and_bounded():
+    schema = {"$defs": {"d": {"bad": 3}}, "properties": {"a": {"type": "integer"}, "b": {
+        "items": [{"ok": 1}, {"bad": {"x": 1}}]}}, "anyOf": [{"bad": 2}]}
+    def bad(sub):  # a subschema fails when it holds "bad" (outside the definitions it is given)
+        assert sub.get("$defs") == schema_defs[0]
+        return "bad" in json.dumps({k: v for k, v in sub.items() if k != "$defs"})
+    schema_defs = [schema["$defs"]]
+    assert deepest_failing(schema, "f", bad) == "f.properties.b.items[1]"
+    assert deepest_failing(schema, "f", bad, attempts=2) == "f.properties.b"  # a then b; then out of attempts
+    assert deepest_failing(schema, "f", lambda sub: False) == "f"
+    assert deepest_failing({"$defs": {"d": {"bad": 3}}, "$ref": "#/$defs/d"}, "f", bad) == "f.$defs.d"
+    schema_defs[0] = None
+    assert deepest_failing({"items": {"bad": 1}}, "f", bad) == "f.items"  # no definitions to carry

@@ -86,7 +86,7 @@ def test_requests_carry_their_class_to_the_scheduler_and_metrics(table):
         assert client.post("/v1/chat/completions", json={**body, "priority": "high"}).status_code == 400
         text = client.get("/metrics").text
     assert [(s.service_class.name, s.client, s.tenant_weight, s.priority) for s in seen] == [
-        ("gold", "acme", 3.0, 3), ("standard", "default", 1.0, None)]
+        ("gold", "acme", 3.0, 3), ("standard", "addr:testclient", 1.0, None)]  # no `user`: its address
     samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
                for f in text_string_to_metric_families(text) for s in f.samples}
     assert samples[("flare_class_time_to_first_token_seconds_count", (("class", "gold"),))] == 1
