@@ -48,6 +48,14 @@ PARAGRAPH = ("The printing press, developed by Johannes Gutenberg around 1440, c
 LONG = PARAGRAPH * 16 + "Summarize the text above in two sentences."
 
 
+def distinct(prompt: str, tag: str) -> str:
+    """`prompt` opened by a request tag that no other request of the run carries, so no server's
+    prompt cache answers a repeat (llama-server keeps each slot's last prompt and reuses its
+    longest common prefix). The tag comes first, after the chat template's fixed system part, and
+    adds the same few tokens to every prompt, so lengths keep their distribution."""
+    return f"(Request {tag}.) {prompt}"
+
+
 @dataclass
 class Result:
     ttft: list[float]
@@ -95,7 +103,7 @@ async def run_load(url: str, model: str, prompts: list[list[str]], tokens: int) 
             ttft, n = await one(client, model, p, tokens)
             res.ttft.append(ttft)
             res.tokens += n
-            if p is not LONG:
+            if not p.endswith(LONG):
                 res.short_ttft.append(ttft)
 
     start = time.perf_counter()
@@ -105,12 +113,15 @@ async def run_load(url: str, model: str, prompts: list[list[str]], tokens: int) 
     return res
 
 
-def loads(rounds: int) -> dict[str, list[list[str]]]:
-    def short(c: int) -> list[str]:
-        return [SHORT[(c + r) % len(SHORT)] for r in range(rounds)]
-    return {"1 stream": [short(0)], "4 streams": [short(c) for c in range(4)],
-            "16 streams": [short(c) for c in range(16)],
-            "mixed 4 long + 12 short": [[LONG]] * 4 + [[SHORT[c % len(SHORT)]] for c in range(12)]}
+def loads(rounds: int, repeat: int = 0) -> dict[str, list[list[str]]]:
+    """Each load's prompts for the `repeat`-th run on a server: every request of the run distinct
+    (tagged with load, repeat, client and round), the same text on both servers of a pair."""
+    def short(load: str, c: int) -> list[str]:
+        return [distinct(SHORT[(c + r) % len(SHORT)], f"{load}.{repeat}.{c}.{r}") for r in range(rounds)]
+    mixed = [[distinct(LONG, f"m.{repeat}.{c}.0")] for c in range(4)]
+    mixed += [[distinct(SHORT[c % len(SHORT)], f"m.{repeat}.{c + 4}.0")] for c in range(12)]
+    return {"1 stream": [short("1", 0)], "4 streams": [short("4", c) for c in range(4)],
+            "16 streams": [short("16", c) for c in range(16)], "mixed 4 long + 12 short": mixed}
 
 
 def start_burners() -> list[subprocess.Popen]:
@@ -235,12 +246,15 @@ async def main() -> None:
             servers["peer"] = (args.peer_url, await model_id(args.peer_url))
         print(f"load average at start: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})", flush=True)
         results: dict[str, dict[str, list[Result]]] = {}
-        chosen = {name: p for name, p in loads(args.rounds).items() if name.split()[0] in picked}
+        chosen = [name for name in loads(args.rounds) if name.split()[0] in picked]
         order = ["peer", "flare"] * args.repeats if args.peer_url else ["flare"]
-        for name, prompts in chosen.items():
+        for name in chosen:
             results[name] = {server: [] for server in servers}
             for server in order:  # alternate servers load by load
                 u, model = servers[server]
+                # The i-th run on each server gets the i-th prompt set: a pair shares its prompts,
+                # and no run repeats one an earlier run sent (distinct).
+                prompts = loads(args.rounds, len(results[name][server]))[name]
                 before = await graph_walls(u) if server == "flare" else None
                 results[name][server].append(await run_load(u, model, prompts, args.tokens))
                 print(f"[{name}] {row(server, results[name][server][-1], name.startswith('mixed'))}", flush=True)
