@@ -46,16 +46,28 @@ def test_a_near_tie_that_bfloat16_rounds_away_is_decided_in_float32():
 def test_rescored_logits_are_float32_within_the_band_and_shapes_are_kept():
     torch.manual_seed(2)
     weight, x = torch.randn(1024, 64) * 0.4, torch.randn(3, 2, 64) * 4
-    head = head_for(weight, margin=2.0)
+    head = head_for(weight)
     y, exact = head(x), x @ weight.T
     assert y.shape == (3, 2, 1024)
-    band = exact >= exact.amax(-1, keepdim=True) - 2.0
+    band = exact >= exact.amax(-1, keepdim=True) - head.margin
     assert torch.allclose(y[band], exact[band], rtol=1e-6, atol=1e-5)  # summation order
     assert (y.argmax(-1) == exact.argmax(-1)).all()
 
 
 def test_too_many_candidates_fall_back_to_float32():
     torch.manual_seed(3)
-    weight, x = torch.randn(512, 64) * 0.01, torch.randn(2, 64)  # flat logits: everything is a candidate
+    # Nearly equal rows: every token lies within greedy's 2E band, more than 8 per row.
+    weight, x = 0.2 + torch.randn(512, 64) * 1e-4, torch.randn(2, 64)
     y = head_for(weight, max_candidates=8)(x)
     assert torch.allclose(y, x @ weight.T, rtol=0, atol=1e-5)
+
+
+def test_a_wide_band_narrows_to_greedys_before_falling_back():
+    torch.manual_seed(4)
+    weight, x = torch.randn(2048, 64) * 0.05, torch.randn(1, 64) * 3
+    weight[7] = x[0] / x[0].norm() * 2  # one clear winner, ~6 logits above a flat crowd
+    head = head_for(weight, margin=100.0, max_candidates=64)  # the margin band holds every token
+    y, exact = head(x), x @ weight.T
+    assert int(y.argmax()) == int(exact.argmax()) == 7
+    assert abs(float(y[0, 7] - exact[0, 7])) <= 1e-5
+    assert not torch.equal(y, exact)  # the crowd kept its bfloat16 scores: no float32 fallback
