@@ -10,7 +10,9 @@ Reported per load and server: aggregate output tok/s (tokens over the load's wal
 p50/p99 (request sent -> first content chunk), and for the mixed load the short prompts' TTFT
 p99. With --peer-url each load runs on both servers in turn, peer then flare, --repeats times
 (peer, flare, peer, flare, ...), so that drifting machine load hits both alike; per load it prints
-the ratios flare/peer of each pair and their range.
+the ratios flare/peer of each pair and their range. Every request of a run is distinct (a tag of
+load, repeat, client and round opens each prompt), so no server's prompt cache answers a repeat;
+the i-th run on each server sends the same prompts.
 
 Bar (issue 15): 16 streams >= 4x the aggregate tok/s of 1 stream.
 Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (mixed) <= 0.5x its.
