@@ -7,11 +7,11 @@ steps of 0.125 around 25), which made exact ties of greedy's top two tokens. So 
 only pick candidates, and the candidates get float32 logits:
 
     y'  = bf16(x) @ bf16(W).T                  (float32 accumulation, bfloat16 output)
-    |y'_n - y_n| <= E = |x'| R + |x' - x| Wmax + 2^-8 max_n |y'_n|  (+ accumulation slack)
+    |y'_n - y_n| <= E = |x'| R + |x' - x| Wmax + 2^-8 max_n |y'_n| / (1 - 2^-8)  (+ accumulation slack)
 
 with x' = bf16(x), R = max_n |bf16(w_n) - w_n| and Wmax = max_n |w_n| (row norms, Cauchy-Schwarz on
-each term of y' - y = x'.(w'_n - w_n) + (x' - x).w_n, then the output's rounding, half an ulp:
-2^-9 relative, doubled for slack). The true top token m has y'_m >= y_m - E >= y_top - E >=
+each term of y' - y = x'.(w'_n - w_n) + (x' - x).w_n, then the output's rounding to 8 significant
+bits: at most 2^-8 of the unrounded value). The true top token m has y'_m >= y_m - E >= y_top - E >=
 y'_top - 2E, so every token within 2E of the bfloat16 top is rescored in float32, and greedy's pick
 is float32's. MARGIN more logits rescore the next tokens too, so the top log-probabilities and the
 softmax's largest terms are float32's; tokens further down keep their bfloat16 logits (actual
@@ -57,7 +57,7 @@ class RescoredHead(nn.Module):
         """E per row of x [N, in] (see the module docstring); rounded = bf16(x) as float32."""
         norm = rounded.norm(dim=1)
         return (norm * (self.r + self.slack) + (rounded - x).norm(dim=1) * self.wmax
-                + approx.abs().amax(dim=1) * 2.0 ** -8)
+                + approx.abs().amax(dim=1) * (2.0 ** -8 / (1 - 2.0 ** -8)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features).float()
