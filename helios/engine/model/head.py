@@ -17,7 +17,9 @@ is float32's. MARGIN more logits rescore the next tokens too, so the top log-pro
 softmax's largest terms are float32's; tokens further down keep their bfloat16 logits (actual
 errors up to ~0.2 logits on SmolLM2, the size of the int4 layers' own difference from float32).
 Where that band holds more than MAX_CANDIDATES tokens per row (a flat distribution), only greedy's
-2E band is rescored, and past that every logit is computed in float32.
+2E band is rescored, and past that every logit is computed in float32. A constraint that masks
+every rescored token (a grammar, allowed_token_ids) leaves its pick among bfloat16 logits, which
+can break a near-tie differently than the float32 head would.
 """
 
 from __future__ import annotations
