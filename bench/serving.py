@@ -10,7 +10,9 @@ Reported per load and server: aggregate output tok/s (tokens over the load's wal
 p50/p99 (request sent -> first content chunk), and for the mixed load the short prompts' TTFT
 p99. With --peer-url each load runs on both servers in turn, peer then flare, --repeats times
 (peer, flare, peer, flare, ...), so that drifting machine load hits both alike; per load it prints
-the ratios flare/peer of each pair and their range.
+the ratios flare/peer of each pair and their range. Every request of a run is distinct (a tag of
+load, repeat, client and round opens each prompt), so no server's prompt cache answers a repeat;
+the i-th run on each server sends the same prompts.
 
 Bar (issue 15): 16 streams >= 4x the aggregate tok/s of 1 stream.
 Goal: >= 1.5x llama-server --parallel 16 at 16 streams; short-prompt TTFT p99 (mixed) <= 0.5x its.
@@ -46,6 +48,14 @@ PARAGRAPH = ("The printing press, developed by Johannes Gutenberg around 1440, c
              "oil-based ink and a screw press adapted from wine making. It made books cheaper, spread "
              "literacy, standardized languages and sped up the exchange of scientific ideas across Europe. ")
 LONG = PARAGRAPH * 16 + "Summarize the text above in two sentences."
+
+
+def distinct(prompt: str, tag: str) -> str:
+    """`prompt` opened by a request tag that no other request of the run carries, so no server's
+    prompt cache answers a repeat (llama-server keeps each slot's last prompt and reuses its
+    longest common prefix). The tag comes first, after the chat template's fixed system part, and
+    adds the same few tokens to every prompt, so lengths keep their distribution."""
+    return f"(Request {tag}.) {prompt}"
 
 
 @dataclass
@@ -95,7 +105,7 @@ async def run_load(url: str, model: str, prompts: list[list[str]], tokens: int) 
             ttft, n = await one(client, model, p, tokens)
             res.ttft.append(ttft)
             res.tokens += n
-            if p is not LONG:
+            if not p.endswith(LONG):
                 res.short_ttft.append(ttft)
 
     start = time.perf_counter()
@@ -105,12 +115,15 @@ async def run_load(url: str, model: str, prompts: list[list[str]], tokens: int) 
     return res
 
 
-def loads(rounds: int) -> dict[str, list[list[str]]]:
-    def short(c: int) -> list[str]:
-        return [SHORT[(c + r) % len(SHORT)] for r in range(rounds)]
-    return {"1 stream": [short(0)], "4 streams": [short(c) for c in range(4)],
-            "16 streams": [short(c) for c in range(16)],
-            "mixed 4 long + 12 short": [[LONG]] * 4 + [[SHORT[c % len(SHORT)]] for c in range(12)]}
+def loads(rounds: int, repeat: int = 0) -> dict[str, list[list[str]]]:
+    """Each load's prompts for the `repeat`-th run on a server: every request of the run distinct
+    (tagged with load, repeat, client and round), the same text on both servers of a pair."""
+    def short(load: str, c: int) -> list[str]:
+        return [distinct(SHORT[(c + r) % len(SHORT)], f"{load}.{repeat}.{c}.{r}") for r in range(rounds)]
+    mixed = [[distinct(LONG, f"m.{repeat}.{c}.0")] for c in range(4)]
+    mixed += [[distinct(SHORT[c % len(SHORT)], f"m.{repeat}.{c + 4}.0")] for c in range(12)]
+    return {"1 stream": [short("1", 0)], "4 streams": [short("4", c) for c in range(4)],
+            "16 streams": [short("16", c) for c in range(16)], "mixed 4 long + 12 short": mixed}
 
 
 def start_burners() -> list[subprocess.Popen]:
@@ -235,12 +248,15 @@ async def main() -> None:
             servers["peer"] = (args.peer_url, await model_id(args.peer_url))
         print(f"load average at start: {os.getloadavg()[0]:.2f} (cores: {os.cpu_count()})", flush=True)
         results: dict[str, dict[str, list[Result]]] = {}
-        chosen = {name: p for name, p in loads(args.rounds).items() if name.split()[0] in picked}
+        chosen = [name for name in loads(args.rounds) if name.split()[0] in picked]
         order = ["peer", "flare"] * args.repeats if args.peer_url else ["flare"]
-        for name, prompts in chosen.items():
+        for name in chosen:
             results[name] = {server: [] for server in servers}
             for server in order:  # alternate servers load by load
                 u, model = servers[server]
+                # The i-th run on each server gets the i-th prompt set: a pair shares its prompts,
+                # and no run repeats one an earlier run sent (distinct).
+                prompts = loads(args.rounds, len(results[name][server]))[name]
                 before = await graph_walls(u) if server == "flare" else None
                 results[name][server].append(await run_load(u, model, prompts, args.tokens))
                 print(f"[{name}] {row(server, results[name][server][-1], name.startswith('mixed'))}", flush=True)

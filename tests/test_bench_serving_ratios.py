@@ -30,3 +30,16 @@ def test_ratios_pair_the_ith_run_of_each_server():
     assert cells[1] == "TTFT p50 0.75x (0.50-1.00x)"
     assert cells[3].startswith("short TTFT p99 1.25x (0.50-2.00x)")
     assert len(serving.ratio_cells(flare, peer, mixed=False)) == 3
+
+
+def test_every_request_of_a_run_is_distinct_and_pairs_share_their_prompts():
+    # No prompt cache may answer a repeat: every request across loads, clients, rounds and repeats
+    # differs, while the i-th run on the peer and on flare send the same set.
+    runs = [serving.loads(2, repeat) for repeat in range(3)]
+    prompts = [p for run in runs for load in run.values() for seq in load for p in seq]
+    assert len(prompts) == len(set(prompts)) == 3 * (2 + 4 * 2 + 16 * 2 + 16)
+    assert serving.loads(2, 1) == runs[1]
+    # The length distribution is kept: four long prompts in the mixed load, the rest short.
+    mixed = [seq[0] for seq in runs[2]["mixed 4 long + 12 short"]]
+    assert sum(p.endswith(serving.LONG) for p in mixed) == 4
+    assert all(len(p) < 80 for p in mixed[4:])

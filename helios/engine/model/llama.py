@@ -58,12 +58,16 @@ class KVCache:
         mapped and faulted in page by page: a B=16 decode at 1,000 tokens of context, the model
         called directly on a worker thread (2-vCPU VM), took 313-337 ms with fresh tensors against
         123 ms with these (docs/server.md, "CPU threads"). index_select copies whole [K, window, D]
-        blocks; advanced indexing went element by element.
+        blocks; advanced indexing went element by element. One row (a single stream's decode) gets
+        a view of its slot's block instead: no copy at all.
         """
         cache_k, cache_v = self.k[layer], self.v[layer]
         if cache_k.device.type != "cpu":  # CUDA's caching allocator reuses its blocks already
             return (cache_k[:, :, :window].index_select(0, slots),
                     cache_v[:, :, :window].index_select(0, slots))
+        if slots.numel() == 1:  # one row: its slot's block as it is (a view, no copy)
+            slot = int(slots[0])
+            return cache_k[slot:slot + 1, :, :window], cache_v[slot:slot + 1, :, :window]
         _, K, _, D = cache_k.shape
         n = slots.numel() * K * window * D
         if self._rows is None or self._rows[0].numel() < n:
@@ -163,10 +167,11 @@ class Block(nn.Module):
         qkv = self.wqkv(rms_norm(x, self.attn_norm, c.norm_eps))
         if self.bqkv is not None:
             qkv = qkv + self.bqkv
-        q, k, v = qkv.split([H * D, K * D, K * D], dim=-1)
-        q = apply_rope(q.view(B, L, H, D).transpose(1, 2), cos, sin)  # [B, H, L, D]
-        k = apply_rope(k.view(B, L, K, D).transpose(1, 2), cos, sin)  # [B, K, L, D]
-        v = v.view(B, L, K, D)
+        qk, v = qkv.split([(H + K) * D, K * D], dim=-1)
+        # One rotation for the query and key heads together (the same elementwise ops as two, in
+        # half the calls: a decode step is ~30 small ops per layer, each costing its dispatch).
+        q, k = apply_rope(qk.view(B, L, H + K, D).transpose(1, 2), cos, sin).split([H, K], dim=1)
+        v = v.view(B, L, K, D)  # q [B, H, L, D], k [B, K, L, D]
 
         # Write this step's K/V: cache_k[slot, :, pos] <- [K, D] for each
         # (row, token). Advanced indices on dims 0 and 2 put [B, L] first.

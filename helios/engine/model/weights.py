@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from helios.engine.model.ggml_blocks import AffineGroups
+from helios.engine.model.head import RescoredHead
 from helios.engine.model.int8 import Int8Linear
 from helios.engine.model.quant import QuantLinear, quant_activations, stack
 
@@ -113,10 +114,12 @@ def linear(weight: torch.Tensor, pack: bool, fmt: WeightFormat,
     With GGUF, `groups` are the file's quantized parts of `weight` (row blocks, in order); when every
     part has them and the kernel takes the shape, the file's weights run in QuantLinear, with a
     dense copy (bfloat16 where the CPU multiplies it natively, else float32) for calls of many rows.
-    The LM head (`head`) runs the file's weights dequantized to float32: the int4 kernel and oneDNN's
-    bfloat16 linear both return bfloat16, and logits rounded to 8 significant bits (steps of 0.125
-    at 25) tie or swap greedy's top tokens. Tensors the file does not quantize stay float32."""
+    The LM head (`head`) scores every token in bfloat16 where the CPU has it and rescores the
+    candidates in float32 (helios.engine.model.head: greedy's pick is float32's), else runs float32.
+    Tensors the file does not quantize stay float32."""
     if fmt is WeightFormat.GGUF:
+        if head and bf16_available():
+            return RescoredHead(weight, Linear(weight, pack, torch.bfloat16))
         if not head and groups and all(g is not None for g in groups) and QuantLinear.fits(*weight.shape):
             dense = Linear(weight, pack, torch.bfloat16 if bf16_available() else torch.float32)
             return QuantLinear(stack(groups), quant_activations(), dense)
