@@ -52,6 +52,16 @@ class MixedCandidate(Candidate):
     prompt_works: tuple = ()  # their prompt tokens
     prompt_value: float = 0.0
 
+    @property
+    def prompt(self) -> int | None:
+        """The first prompt row (the spec's one prompt row); None: decode-only."""
+        return self.prompts[0] if self.prompts else None
+
+    @property
+    def prompt_work(self) -> int:
+        """The prompt tokens of every prompt row together (the logical prompt work)."""
+        return sum(self.prompt_works)
+
 
 @dataclass(slots=True)
 class _Decoders:
