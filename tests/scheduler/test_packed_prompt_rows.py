@@ -18,6 +18,7 @@ from helios.scheduler.plan import Lane, ScheduledPlan, SelectionReason
 
 from conftest import MS, assert_all_ended, cancel_pick, decode, digest, drain, make, prefill, sim_driver, spec
 from mixed_helpers import decoders_and_prompts, mixed
+from test_mixed_completion import good
 
 MIXED = GraphKind.MIXED
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
@@ -96,10 +97,6 @@ def committed(prompts, decoders=2):
     s.commit(plan, 1)
     s.advance_to(s.now_ns + 7 * MS)
     return s, plan, dec, pro
-
-
-def good(plan):
-    return [CompletionRecord(l.handle, l.epoch, l.prompt_tokens, (11,) * l.output_rows) for l in plan.lanes]
 
 
 def test_two_finishing_prompt_rows_each_publish_one_first_token():
