@@ -249,8 +249,9 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default 1600; longer chunks run in the prefill graphs)")
     report.add_argument("--mixed-prompt-rows", type=positive_int, metavar="R",
                         help="with --mixed-prefill: rows of a mixed graph that may share its prompt capacity "
-                             "as one packed budget (1: the spec's one prompt row; docs/packed-prompt-rows.md); "
-                             "a Helios scheduler's [mixed_prompt_rows=N] variant overrides it for that row")
+                             "as one packed budget (default 4; 1: the spec's one prompt row; "
+                             "docs/packed-prompt-rows.md); a Helios scheduler's [mixed_prompt_rows=N] variant "
+                             "overrides it for that row")
     report.add_argument("--prefill-capacity", type=positive_int, metavar="TOKENS",
                         help="the most prompt tokens one prefill graph of the engine takes (B x C): 64, 128, "
                              "..., 4096 (default 2048); the load and SLOs stay those of the full catalog")
