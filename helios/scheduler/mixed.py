@@ -86,7 +86,7 @@ def _rank_decoders(pool: LanePool, shape, by_stall: bool = False) -> _Decoders:
     return _Decoders(order, sums, recent, ceilings)
 
 
-def _prompt_fill(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray, rows: int) -> tuple:
+def prompt_fill(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray, rows: int) -> tuple:
     """The prompt rows that fill `chunk` tokens in value order, at most `rows` of them: a tuple of
     (index, work, value), each the best remaining row for the budget the rows before it left."""
     fill, left, slots, pages = [], chunk, budget.free_slots, budget.free_pages
@@ -131,7 +131,7 @@ def mixed_candidates(memo: Memo, shapes, costs, decode: LanePool, prompts: LaneP
     fills = {}
     if has_prompts:
         unit = np.exp(prompts.log_prefill)
-        fills = {c: _prompt_fill(prompts, c, budget, unit, rows) for c in chunks}
+        fills = {c: prompt_fill(prompts, c, budget, unit, rows) for c in chunks}
     ranked: dict[tuple[int, int, bool], _Decoders] = {}
     cohorts: dict[tuple[int, int, int], tuple] = {}  # (W, D, m) -> what its decode cohort sums to
     out, pos_seen, t_ms, state, growth = [], -1, None, None, 0.0

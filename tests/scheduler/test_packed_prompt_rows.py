@@ -5,6 +5,8 @@ admission and cancellation. Exactness: test_packed_prompt_rows_exhaustive.py."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
@@ -16,9 +18,16 @@ from helios.prepare.mixed import mixed_shapes
 from helios.scheduler import CompletionRecord, ExecutionTiming, Scheduler
 from helios.scheduler.plan import Lane, ScheduledPlan, SelectionReason
 
+from helios.scheduler.lookahead import two_stage
+from helios.scheduler.policy import Budget
+from helios.scheduler.prerequisites import restore_candidates
+from helios.scheduler.selection import cost_lookup, current_view, derived
+from helios.scheduler.service import log_prices
+
 from conftest import MS, assert_all_ended, cancel_pick, decode, digest, drain, make, prefill, sim_driver, spec
 from mixed_helpers import decoders_and_prompts, mixed
 from test_mixed_completion import good
+from test_prerequisite_gaps import _chunk_value, _restored_prompt_among_decoders
 
 MIXED = GraphKind.MIXED
 SNAP, REST = GraphShape(GraphKind.SNAPSHOT, 1), GraphShape(GraphKind.RESTORE, 1)
@@ -180,6 +189,35 @@ def test_each_prompt_row_stops_at_its_anchor_cut():
             start, end = lane.prompt_start, lane.prompt_start + lane.prompt_tokens
             assert not any(start < c < end for c in cuts[lane.handle])
     assert not s.is_live(a) and not s.is_live(b) and s.resources.free_slots == s.resources.total_slots
+
+
+# ---- the prerequisite lookahead before a mixed graph -------------------------------------------------
+
+def test_a_restore_before_packed_prompt_rows_counts_the_ready_prompt_it_packs_with():
+    """A restored prompt (50 tokens left) and an already-ready 40-token prompt share a mixed
+    graph's 128-token budget in two prompt rows, next to the running decoders: the restore's score
+    is that sequence's exact rate, with both prompt rows in the fixed value and two following rows."""
+    m4 = mixed(4, 128, rows=2)
+    table = {decode(1): 10, decode(4): 12, prefill(64): 30, m4: 31, REST: 1, SNAP: 2}
+    s, restored = _restored_prompt_among_decoders(table)
+    ready = s.admit(spec(prompt=40, out=4), s.now_ns)
+    view = current_view(s.selection, s.now_ns)
+    coeff = derived(s)[2]
+    (c,) = restore_candidates(s.state, s.requests, cost_lookup(s.costs, s.now_ns), s.shapes.prefill,
+                              s.shapes.decode_steps, coeff, view.log_scale, view.waiting,
+                              Budget(s.resources.free_slots, s.resources.free_pages),
+                              lambda rows: s.resources.extent_pages_of(s.requests, rows),
+                              view.prefill[GraphKind.PREFILL][0], view.decode, (m4,))
+    row = s.requests.row(ready)
+    lp, lo = log_prices(s.requests.log_x[[row]].copy(), s.requests.log_z[[row]].copy(), coeff)[:2]
+    ready_value = math.exp(lp[0] - view.log_scale) * 40 + math.exp(lo[0] - view.log_scale)
+    decoders = view.decode.base + view.decode.age_slope * (1.0 + 31.0)
+    prompts = _chunk_value(s, restored, view.log_scale, coeff) + ready_value
+    expected = two_stage([], decoders, (), 1, 4, 1.0, 31.0, view.waiting, prompts, True, 2)
+    assert c.score == pytest.approx(expected.score, rel=1e-12) and expected.fixed == 2
+    one_row = two_stage([], decoders, (), 1, 4, 1.0, 31.0, view.waiting, _chunk_value(s, restored, view.log_scale,
+                                                                                       coeff), True)
+    assert c.score > one_row.score  # the packed ready prompt adds its value at the same F
 
 
 # ---- invariants ----------------------------------------------------------------------------------
