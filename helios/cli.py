@@ -249,7 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "(default 1600; longer chunks run in the prefill graphs)")
     report.add_argument("--mixed-prompt-rows", type=positive_int, metavar="R",
                         help="with --mixed-prefill: rows of a mixed graph that may share its prompt capacity "
-                             "as one packed budget (default 4; 1: the spec's one prompt row; "
+                             "as one packed budget (default 1, the spec's one prompt row; "
                              "docs/packed-prompt-rows.md); a Helios scheduler's [mixed_prompt_rows=N] variant "
                              "overrides it for that row")
     report.add_argument("--prefill-capacity", type=positive_int, metavar="TOKENS",

@@ -71,10 +71,11 @@ class Setup:
     # on both traces).
     mixed_prompt_capacity: int | None = 1600
     # Rows of a mixed graph that may share its prompt capacity (docs/packed-prompt-rows.md; 1: the spec's
-    # one prompt row). Four: on the 1,000-request report windows, four rows raised Helios's goodput over
-    # one (docs/packed-prompt-rows.md, "Measured"). A Helios scheduler's `mixed_prompt_rows=N` variant
-    # overrides it for that run; `--mixed-prompt-rows 1` gives every Helios row the spec's form.
-    mixed_prompt_rows: int = 4
+    # one prompt row). One: on the 1,000-request report windows, four rows raised Helios's goodput on Azure
+    # (2.31 -> 2.37 req/s) and lowered it on Mooncake (0.63 -> 0.62, one seed 0.57), so the extension does
+    # not pay overall (docs/packed-prompt-rows.md, "Measured"). A Helios scheduler's `mixed_prompt_rows=N`
+    # variant sets it for that run; `--mixed-prompt-rows N` for every Helios row.
+    mixed_prompt_rows: int = 1
     # The largest prefill graph the engine prepares, in prompt tokens (one of prefill_chunks; None or
     # above them: the largest). B x C stays within it, so 2,048 drops the 4,096-token chunk and the
     # 2 x 2,048 graph alike, each of which left every decoder out for 650 ms (docs/scheduling-utility.md

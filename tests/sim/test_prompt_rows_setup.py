@@ -20,13 +20,13 @@ def rows_of(catalog) -> set:
 
 def test_a_variant_sets_its_rows_catalog_and_not_its_configs():
     setup = Setup(mixed_prefill=True)
-    assert setup.mixed_prompt_rows == 4  # the simulator engine's default (docs/packed-prompt-rows.md)
-    assert setup.prompt_rows_for("helios-balanced") == 4
-    assert setup.prompt_rows_for("helios-balanced[mixed_prompt_rows=2]") == 2
-    assert setup.prompt_rows_for("helios-balanced[mixed_prompt_rows=1]") == 1  # the spec's form, one switch away
-    assert replace(setup, mixed_prompt_rows=1).prompt_rows_for("helios-balanced") == 1
-    assert {r for _, r in rows_of(replace(setup, mixed_prompt_rows=1).catalog(mixed=True))} == {1}
-    assert all(r == min(4, b) for b, r in rows_of(setup.catalog(mixed=True)))
+    # The simulator engine's default is the spec's form: four rows did not pay overall (docs/packed-prompt-rows.md).
+    assert setup.mixed_prompt_rows == 1 and setup.prompt_rows_for("helios-balanced") == 1
+    assert setup.prompt_rows_for("helios-balanced[mixed_prompt_rows=4]") == 4
+    assert replace(setup, mixed_prompt_rows=4).prompt_rows_for("helios-balanced") == 4
+    assert replace(setup, mixed_prompt_rows=4).prompt_rows_for("helios-balanced[mixed_prompt_rows=1]") == 1
+    assert {r for _, r in rows_of(setup.catalog(mixed=True))} == {1}
+    assert all(r == min(4, b) for b, r in rows_of(setup.catalog(mixed=True, prompt_rows=4)))
     assert all(r == min(2, b) for b, r in rows_of(setup.catalog(mixed=True, prompt_rows=2)))
     assert split_variant("helios-balanced[mixed_prompt_rows=2,stall_pricing=0]") == (
         "helios-balanced", {"mixed_prompt_rows": 2, "stall_pricing": False})
