@@ -44,7 +44,8 @@ CONFIGS = (
 
 
 def record_one(scheduler, cost_model, trace, window_s, scale, mixed, seed) -> dict:
-    setup = replace(Setup(), cost_model=cost_model, mixed_prefill=mixed)
+    # The spec's form (one prompt row per mixed graph): the decisions it must keep (docs/packed-prompt-rows.md).
+    setup = replace(Setup(), cost_model=cost_model, mixed_prefill=mixed, mixed_prompt_rows=1)
     base = load_workload(trace, window_s, seed=seed, max_context=setup.max_context)
     slo = default_slo(base, setup)
     res = run_workload(scheduler, rescale(base, scale), setup, seed=seed, slo=slo, scale=scale,

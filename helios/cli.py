@@ -20,7 +20,8 @@ def _sim(args: argparse.Namespace) -> int:
     if not args.demo:
         print("flare sim: choose --demo (trace-driven runs arrive with `flare sim report`)", file=sys.stderr)
         return 2
-    run_demo(requests=args.requests, seed=args.seed, steps=args.steps, mixed_prefill=args.mixed_prefill)
+    run_demo(requests=args.requests, seed=args.seed, steps=args.steps, mixed_prefill=args.mixed_prefill,
+             mixed_prompt_rows=args.mixed_prompt_rows)
     return 0
 
 
@@ -41,6 +42,7 @@ def _sim_report(args: argparse.Namespace) -> int:
         setup = setup_from_flags(cost_model=cost_model, mixed_prefill=args.mixed_prefill,
                                  mixed_prompt_steps=args.mixed_prompt_steps,
                                  mixed_prompt_capacity=args.mixed_prompt_capacity,
+                                 mixed_prompt_rows=args.mixed_prompt_rows,
                                  prefill_capacity=args.prefill_capacity)
     except ConfigError as exc:
         print(f"flare sim report: {exc}", file=sys.stderr)
@@ -188,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--steps", type=positive_int, default=40, help="--demo: scheduler steps to trace")
     sim.add_argument("--seed", type=int, default=0, help="--demo: the random seed")
     sim.add_argument("--mixed-prefill", action="store_true", help="--demo with the mixed prefill+decode catalog")
+    sim.add_argument("--mixed-prompt-rows", type=positive_int, default=1, metavar="R",
+                     help="--demo --mixed-prefill: prompt rows sharing a mixed graph's prompt capacity")
     sim.set_defaults(func=_sim)
     sim_sub = sim.add_subparsers(dest="sim_command")
     report = sim_sub.add_parser("report", help="run Helios and the baselines on real traces; write a report",
@@ -243,6 +247,11 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--mixed-prompt-capacity", type=positive_int, metavar="TOKENS",
                         help="with --mixed-prefill: the largest prompt chunk of a mixed graph, a multiple of 64 "
                              "(default 1600; longer chunks run in the prefill graphs)")
+    report.add_argument("--mixed-prompt-rows", type=positive_int, metavar="R",
+                        help="with --mixed-prefill: rows of a mixed graph that may share its prompt capacity "
+                             "as one packed budget (default 1, the spec's one prompt row; "
+                             "docs/packed-prompt-rows.md); a Helios scheduler's [mixed_prompt_rows=N] variant "
+                             "overrides it for that row")
     report.add_argument("--prefill-capacity", type=positive_int, metavar="TOKENS",
                         help="the most prompt tokens one prefill graph of the engine takes (B x C): 64, 128, "
                              "..., 4096 (default 2048); the load and SLOs stay those of the full catalog")

@@ -3,8 +3,9 @@
 Besides the prepared catalog it runs packed varlen forwards (GraphKind.PACKED), the way the baseline
 engines (vLLM, Sarathi-Serve) run an iteration, when the cost model can price them.
 
-Mixed graphs (the spec's "Mixed execution contract"): the prompt row (`plan.prefill_row`) consumes its
-chunk and samples one first token when the chunk ends its prompt; the other rows decode one token, or
+Mixed graphs (the spec's "Mixed execution contract"): each prompt row (`plan.prefill_rows`: one in the
+spec's form, up to the shape's `prompt_rows` packed in its prompt capacity) consumes its chunk and samples
+one first token when the chunk ends its prompt; the other rows decode one token, or
 run copy-speculative verification like a speculative round when the shape has proposals."""
 
 from __future__ import annotations
@@ -137,16 +138,16 @@ class SimCore:
         return Execution(tuple(records), self._timing(duration), duration, confidence=sidecar)
 
     def _mixed_round(self, plan: ScheduledPlan, duration: int) -> Execution:
-        """A speculative mixed graph: the prompt row consumes its chunk (and samples a first token when
+        """A speculative mixed graph: each prompt row consumes its chunk (and samples a first token when
         it finishes the prompt), the decode rows verify like a speculative round's lanes."""
-        row = plan.prefill_row
+        rows = plan.prefill_rows
         lanes = list(plan.lanes)
-        decoders = [lane for i, lane in enumerate(lanes) if i != row]
+        decoders = [lane for i, lane in enumerate(lanes) if i not in rows]
         spec, _ = self._speculate(plan, decoders) if decoders else ([], None)
         records = iter(spec)
         out = []
         for i, lane in enumerate(lanes):
-            if i == row:
+            if i in rows:
                 state = self._requests.setdefault(lane.handle, _SimRequest(None))
                 tokens, eos = self._emit(state, lane.output_rows)
                 out.append(CompletionRecord(lane.handle, lane.epoch, lane.prompt_tokens, tokens, eos))

@@ -100,7 +100,7 @@ class TorchCore:
                  loaded: LoadedModel | None = None, weights: WeightFormat | str = WeightFormat.FLOAT32,
                  torch_thread: TorchThread | None = None,
                  mixed_prefill: bool = False, checkpoint_memory: int = 0, mixed_prompt_steps: int = PROMPT_STEPS,
-                 mixed_prompt_capacity: int | None = None, scored_prefill: bool = False):
+                 mixed_prompt_capacity: int | None = None, scored_prefill: bool = False, mixed_prompt_rows: int = 1):
         speculation = SpeculationMode(speculation)
         if request_slots < 1 or max_batch < 1:
             raise ConfigError("request_slots", "request_slots and max_batch must be positive")
@@ -119,7 +119,8 @@ class TorchCore:
         chosen = (max(widths),) if speculation is SpeculationMode.FIXED else tuple(widths)
         # Mixed graphs only when asked (flare run --mixed-prefill), so existing catalogs stay as they are.
         mixed = {"mixed_prefill": True, "mixed_prompt_steps": mixed_prompt_steps,
-                 "mixed_prompt_capacity": mixed_prompt_capacity} if mixed_prefill else {}
+                 "mixed_prompt_capacity": mixed_prompt_capacity, "mixed_prompt_rows": mixed_prompt_rows} \
+            if mixed_prefill else {}
         # Scored prefill graphs (logits at every prompt position) serve requests for the prompt's
         # log-probabilities; the scheduler runs only those requests' prompts in them.
         self.capacities = Capacities(max_batch, tuple(prefill_chunks), speculation=speculation, widths=chosen,

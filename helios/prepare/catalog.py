@@ -16,7 +16,7 @@ from helios.config import SpeculationMode
 from helios.errors import ConfigError
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare.mixed import (DEFAULT_COMPLETION_TOKEN_CAPACITY, PROMPT_STEPS, check_mixed_widths,
-                                  check_prompt_steps, mixed_shapes)
+                                  check_prompt_rows, check_prompt_steps, mixed_shapes)
 from helios.prepare.ordinary import ordinary_catalog
 from helios.prepare.speculative import with_speculation
 
@@ -39,6 +39,8 @@ class Capacities:
     mixed_prompt_capacity        the largest prompt chunk of a mixed graph, a multiple of 64 up to the
                                  largest prefill chunk (None: the largest prefill chunk); longer
                                  prompts still have the ordinary prefill graphs
+    mixed_prompt_rows            rows of a mixed graph that may share its prompt capacity as one packed
+                                 budget (1: the spec's one prompt row; docs/packed-prompt-rows.md)
     vision_feature_storage       prepared feature rows per vision window (0: no vision graphs). With it,
                                  VISION graphs B x storage at the power-of-two buckets up to
                                  min(max_batch, 8), and one-row SNAPSHOT and RESTORE graphs for the
@@ -58,6 +60,7 @@ class Capacities:
     vision_feature_storage: int = 0
     mixed_prompt_steps: int = PROMPT_STEPS
     mixed_prompt_capacity: int | None = None
+    mixed_prompt_rows: int = 1
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "prefill_chunks", tuple(sorted(set(self.prefill_chunks))))
@@ -77,6 +80,7 @@ class Capacities:
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             raise ConfigError("completion_token_capacity", f"must be a positive integer, got {cap!r}")
         check_prompt_steps(self.mixed_prompt_steps)
+        check_prompt_rows(self.mixed_prompt_rows)
         top = self.mixed_prompt_capacity
         if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 64 or top % 64
                                 or top > max(self.prefill_chunks)):
@@ -102,7 +106,7 @@ def build_catalog(capacities: Capacities) -> Catalog:
     drafts = max(c.widths) - 1 if spec_on else 0
     top = max(c.prefill_chunks) if c.mixed_prompt_capacity is None else c.mixed_prompt_capacity
     mixed = mixed_shapes(c.max_batch, top, drafts, c.speculative_token_capacity,
-                         c.completion_token_capacity, c.widths, c.mixed_prompt_steps)
+                         c.completion_token_capacity, c.widths, c.mixed_prompt_steps, c.mixed_prompt_rows)
     check_mixed_widths(mixed, c.completion_token_capacity)
     return Catalog(list(catalog) + mixed)
 

@@ -53,6 +53,11 @@ def prompt_buckets(prefill_capacity: int, steps: int = PROMPT_STEPS) -> tuple[in
     return tuple(sorted(buckets))
 
 
+def check_prompt_rows(rows: int) -> None:
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= MIXED_MAX_BATCH:
+        raise ConfigError("mixed_prompt_rows", f"must be an integer from 1 to {MIXED_MAX_BATCH}, got {rows!r}")
+
+
 def check_prompt_steps(steps: int) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError("mixed_prompt_steps", f"must be a positive integer, got {steps!r}")
@@ -68,7 +73,8 @@ def balanced_bucket(buckets: Iterable[int]) -> int:
 
 def mixed_shapes(max_batch: int, prefill_capacity: int, drafts: int = 0, token_capacity: int = 16,
                  completion_token_capacity: int = DEFAULT_COMPLETION_TOKEN_CAPACITY,
-                 widths: Iterable[int] | None = None, prompt_steps: int = PROMPT_STEPS) -> list[GraphShape]:
+                 widths: Iterable[int] | None = None, prompt_steps: int = PROMPT_STEPS,
+                 prompt_rows: int = 1) -> list[GraphShape]:
     """The mixed graphs of a core.
 
     max_batch                   largest request bucket (concurrency); mixed buckets are its
@@ -79,6 +85,9 @@ def mixed_shapes(max_batch: int, prefill_capacity: int, drafts: int = 0, token_c
     completion_token_capacity   the core's bound on W (8 when it declares none)
     widths                      wider widths the core prepares (default: every W in 2..drafts + 1)
     prompt_steps                prompt buckets per factor of four (`prompt_buckets`)
+    prompt_rows                 rows that may share a graph's prompt capacity (docs/packed-prompt-rows.md):
+                                each graph takes min(prompt_rows, B); the shapes themselves are the same
+                                for every value, so the catalog's size does not grow with it
     """
     if not isinstance(drafts, int) or drafts < 0:
         raise ConfigError("drafts", f"must be a nonnegative integer, got {drafts!r}")
@@ -86,16 +95,17 @@ def mixed_shapes(max_batch: int, prefill_capacity: int, drafts: int = 0, token_c
         raise ConfigError("completion_token_capacity", f"must be a positive integer, got {completion_token_capacity!r}")
     if token_capacity < 1:
         raise ConfigError("speculative_token_capacity", "R must be positive")
+    check_prompt_rows(prompt_rows)
     buckets = [b for b in power_of_two_buckets(min(max_batch, MIXED_MAX_BATCH)) if b >= 2]
     prompts = prompt_buckets(prefill_capacity, prompt_steps)
-    shapes = [GraphShape(GraphKind.MIXED, b, 1, 0, 0, c) for b in buckets for c in prompts]
+    shapes = [GraphShape(GraphKind.MIXED, b, 1, 0, 0, c, min(prompt_rows, b)) for b in buckets for c in prompts]
     if drafts == 0:
         return shapes
     wider = sorted({w for w in (range(2, drafts + 2) if widths is None else widths)
                     if 2 <= w <= min(drafts + 1, completion_token_capacity)})
     balanced = balanced_bucket(prompts)
     for b in buckets:
-        shapes += [GraphShape(GraphKind.MIXED, b, w, w - 1, 0, max(balanced, w))
+        shapes += [GraphShape(GraphKind.MIXED, b, w, w - 1, 0, max(balanced, w), min(prompt_rows, b))
                    for w in wider if b * w <= token_capacity]
     return shapes
 

@@ -180,13 +180,13 @@ def _validate_round(plan, lane, rec, live, survival) -> None:
 
 
 def _validate_mixed(plan, lanes, records, live, survival) -> None:
-    """Completion by phase. The prompt row commits its full scheduled extent (checked with every
+    """Completion by phase. Each prompt row commits its full scheduled extent (checked with every
     lane's prompt_tokens) and publishes its first token only when that chunk finishes the prompt;
     a width-one decode row commits its one token (checked with every lane), a wider one its
     accepted prefix."""
-    prompt_row, wide = plan.prefill_row, plan.shape.token_capacity > 1
+    prompt_rows, wide = plan.prefill_rows, plan.shape.token_capacity > 1
     for i, (lane, rec, is_live) in enumerate(zip(lanes, records, live.tolist())):
-        if i != prompt_row:
+        if i not in prompt_rows:
             if wide:
                 _validate_round(plan, lane, rec, is_live, survival)
             continue

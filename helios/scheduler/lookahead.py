@@ -41,7 +41,7 @@ class TwoStage:
     # graph serves: no extra physical cost, no value in this decision ("equal value rates prefer
     # advancing more requests"). In the first stage alone, every newly ready row it advances.
     spare: int = 0
-    fixed: bool = False  # the caller's fixed following row (a mixed graph's prompt row) takes part
+    fixed: int = 0  # following rows the caller fixed (a mixed graph's prompt rows) that take part
 
     @property
     def advanced(self) -> int:
@@ -54,7 +54,8 @@ def _sums(values) -> np.ndarray:
 
 
 def two_stage(newly, ready, terminal, prereq_capacity: int, follow_capacity: int, t_ms: float, f_ms: float,
-              waiting: float = 0.0, fixed: float | None = None, fixed_newly: bool = False) -> TwoStage | None:
+              waiting: float = 0.0, fixed: float | None = None, fixed_newly: bool = False,
+              fixed_rows: int = 1) -> TwoStage | None:
     """The best cohort for one (prerequisite, following) shape pair; None without a newly
     ready row and without a terminal row. Contributions must be nonnegative (a lane is
     only added when it adds value).
@@ -63,13 +64,16 @@ def two_stage(newly, ready, terminal, prereq_capacity: int, follow_capacity: int
     spec "Mixed execution contract": absent is None, already ready, or enabled by the
     prerequisite with `fixed_newly`); it takes one of the following graph's rows, and when newly
     ready one of the prerequisite's, and it counts as the newly ready row that must take part.
-    `newly` and `ready` are then the decode rows' contributions."""
+    `newly` and `ready` are then the decode rows' contributions. `fixed_rows`: the following rows
+    the fixed value takes (several prompt rows packed in one mixed graph, docs/packed-prompt-rows.md;
+    of them only one, the restored prompt, is newly ready)."""
     n_sums, r_sums, m_sums = _sums(newly), _sums(ready), _sums(terminal)
     n, r, m = len(n_sums) - 1, len(r_sums) - 1, len(m_sums) - 1
     best: TwoStage | None = None
     total = t_ms + f_ms
     pcap = prereq_capacity - (fixed is not None and fixed_newly)
-    fcap = follow_capacity - (fixed is not None)
+    taken = 0 if fixed is None else fixed_rows
+    fcap = follow_capacity - taken
     extra = 0.0 if fixed is None else fixed
     first = 0 if fixed is not None and fixed_newly else 1  # at least one newly ready row takes part
     for k in range(first, min(n, pcap, fcap) + 1):
@@ -77,7 +81,7 @@ def two_stage(newly, ready, terminal, prereq_capacity: int, follow_capacity: int
         spare = min(n - k, pcap - k - mm)
         value = float(n_sums[k] + r_sums[rr] + m_sums[mm]) + extra
         best = _better(best, TwoStage(k, rr, mm, value, value / total - 0.5 * total * waiting, True, spare,
-                                      fixed is not None))
+                                      taken))
     if m:
         # The first stage alone: terminal completions over T; spare capacity may still advance
         # newly ready rows at no extra physical cost (they add no value in this stage).

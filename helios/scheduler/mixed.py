@@ -1,11 +1,17 @@
 """Mixed prefill/generation candidates and lanes (spec: "Mixed execution contract").
 
-A mixed graph (B, W, C) runs at most one prompt row of up to C tokens and decode rows of width W
-in one forward. For each shape, selection compares two cohorts at the same full graph duration:
+A mixed graph (B, W, C) runs at most R = shape.prompt_rows prompt rows (one in the spec's form)
+sharing C prompt tokens as one packed budget, and decode rows of width W, in one forward. For each
+shape, selection compares cohorts at the same full graph duration:
 
   decode-only   the top-B decoders by lane value
-  prompt row    the best prompt row (work min(prompt_left, C): a tail may fit) plus the top B - 1
-                decoders; with no decoders this is a prompt-only population, also legal
+  k prompt rows the first k rows of the shape's prompt fill plus the top B - k decoders, for every
+                k = 1..R; with no decoders this is a prompt-only population, also legal
+
+The prompt fill packs the budget in value order (docs/packed-prompt-rows.md): its first row is the
+best prompt row (work min(prompt_left, C): a tail may fit), each next one the best remaining row
+for the budget the rows before it left (work min(prompt_left, what is left)), until R rows or the
+budget are used up. With R = 1 this is the spec's single best prompt row.
 
 Lane values are additive and the duration does not depend on membership, so each cohort is exact
 for its shape: the prompt row and the decoders come from disjoint pools (a request is either
@@ -14,9 +20,10 @@ Decoders of a wider (speculative) graph keep their complete prefix min(D + 1, W,
 decode rows are rectangular, P = B x W, so the row budget never constrains them.
 
 Dominance pruning among mixed candidates requires the same decode cohort and prefixes, the same
-prompt row and the same logical prompt work (and, as for speculative rounds, the same depth).
+prompt rows and the same logical prompt work (and, as for speculative rounds, the same depth).
 
-Lanes: the prompt row first (ScheduledPlan.prefill_row == 0), as `prefill_lanes` builds it, then
+Lanes: the prompt rows first, in fill order (ScheduledPlan.prefill_rows == (0, ..., k - 1)), as
+`prefill_lanes` builds them, then
 the decode rows as `decode_lanes` (W = 1) or `speculative_lanes` (W > 1) build them.
 """
 
@@ -39,11 +46,21 @@ from helios.scheduler.utility import ranked_lanes, rate_score, served_cost, stal
 
 @dataclass(slots=True)
 class MixedCandidate(Candidate):
-    """A Candidate whose `members` index the decode pool; the prompt row indexes the prefill pool."""
+    """A Candidate whose `members` index the decode pool; the prompt rows index the prefill pool."""
 
-    prompt: int | None = None  # prefill pool index of the prompt row; None: decode-only
-    prompt_work: int = 0
+    prompts: tuple = ()  # prefill pool indices of the prompt rows, in packed order; (): decode-only
+    prompt_works: tuple = ()  # their prompt tokens
     prompt_value: float = 0.0
+
+    @property
+    def prompt(self) -> int | None:
+        """The first prompt row (the spec's one prompt row); None: decode-only."""
+        return self.prompts[0] if self.prompts else None
+
+    @property
+    def prompt_work(self) -> int:
+        """The prompt tokens of every prompt row together (the logical prompt work)."""
+        return sum(self.prompt_works)
 
 
 @dataclass(slots=True)
@@ -69,12 +86,29 @@ def _rank_decoders(pool: LanePool, shape, by_stall: bool = False) -> _Decoders:
     return _Decoders(order, sums, recent, ceilings)
 
 
-def _best_prompt(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray):
+def prompt_fill(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray, rows: int) -> tuple:
+    """The prompt rows that fill `chunk` tokens in value order, at most `rows` of them: a tuple of
+    (index, work, value), each the best remaining row for the budget the rows before it left."""
+    fill, left, slots, pages = [], chunk, budget.free_slots, budget.free_pages
+    while len(fill) < rows and left > 0:
+        pick = _best_prompt(pool, left, Budget(slots, pages), unit, [f[0] for f in fill])
+        if pick is None:
+            break
+        fill.append(pick)
+        left -= pick[1]
+        if not pool.resident[pick[0]]:  # a new request takes a slot and its pages at commit
+            slots, pages = slots - 1, pages - int(pool.pages[pick[0]])
+    return tuple(fill)
+
+
+def _best_prompt(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray, taken=()):
     """(index, work, value) of the best prompt row that fits the free slots and pages, or None.
-    `unit`: exp(pool.log_prefill), computed once for every chunk."""
+    `unit`: exp(pool.log_prefill), computed once for every chunk; `taken`: rows already packed."""
     works = np.minimum(pool.prompt_left, chunk)
     if pool.clip is not None:  # image requests: legal chunk ends only (vision.py)
         works = pool.clip(np.arange(len(works)), works)
+    if taken:
+        works[taken] = 0
     finishes = works == pool.prompt_left
     # Prompt tokens at 1 + f/x, plus one output token when the prompt completes.
     values = unit * works + np.where(finishes, pool.first_token, 0.0)
@@ -88,20 +122,20 @@ def _best_prompt(pool: LanePool, chunk: int, budget: Budget, unit: np.ndarray):
 
 def mixed_candidates(memo: Memo, shapes, costs, decode: LanePool, prompts: LanePool | None, waiting: float,
                      budget: Budget) -> list[Candidate]:
-    """Every mixed shape's decode-only cohort and its prompt-row cohort, padding pruned."""
+    """Every mixed shape's decode-only cohort and its cohorts with 1..R prompt rows, padding pruned."""
     n = len(decode.handles)
     has_prompts = prompts is not None and len(prompts.handles) > 0
     if not shapes or (n == 0 and not has_prompts):
         return []
-    order, padded_over, chunks, constants = by_identity(memo.orders, shapes, _padding_order, 64)
-    best_prompt = {}
+    order, padded_over, chunks, constants, rows = by_identity(memo.orders, shapes, _padding_order, 64)
+    fills = {}
     if has_prompts:
         unit = np.exp(prompts.log_prefill)
-        best_prompt = {c: _best_prompt(prompts, c, budget, unit) for c in chunks}
+        fills = {c: prompt_fill(prompts, c, budget, unit, rows) for c in chunks}
     ranked: dict[tuple[int, int, bool], _Decoders] = {}
     cohorts: dict[tuple[int, int, int], tuple] = {}  # (W, D, m) -> what its decode cohort sums to
     out, pos_seen, t_ms, state, growth = [], -1, None, None, 0.0
-    for pos, c, m in _survivors(memo, shapes, order, padded_over, chunks, n, best_prompt):
+    for pos, c, k, m in _survivors(memo, shapes, order, padded_over, chunks, n, fills):
         shape = order[pos]
         if pos != pos_seen:  # one estimate per shape, asked in shape order as before
             pos_seen, (t_ms, state) = pos, costs(shape)
@@ -116,7 +150,7 @@ def mixed_candidates(memo: Memo, shapes, costs, decode: LanePool, prompts: LaneP
             if dec is None:
                 dec = ranked[(*wd, by_stall)] = _rank_decoders(decode, shape, by_stall)
             cohort = cohorts[(*wd, m)] = _cohort(decode, dec, m, shape.token_capacity)
-        out.append(_candidate(shape, decode, prompts, cohort, None if c is None else best_prompt[c], m,
+        out.append(_candidate(shape, decode, prompts, cohort, () if c is None else fills[c][:k], m,
                               t_ms, state, waiting, growth, constants[pos]))
     return out
 
@@ -140,14 +174,18 @@ def _stall_ranked(decode: LanePool, shape, m: int, n: int) -> bool:
     return decode.deferred.step(n - m) is not None
 
 
-def _survivors(memo: Memo, shapes, order, padded_over, chunks, n: int, best_prompt: dict) -> tuple:
-    """(position, prompt chunk or None, m) of every cohort that is not padding, in shape order.
+def _survivors(memo: Memo, shapes, order, padded_over, chunks, n: int, fills: dict) -> tuple:
+    """(position, prompt chunk or None, prompt rows k, m) of every cohort that is not padding, in
+    shape order.
 
-    Which cohorts survive depends only on the shapes, n, and which chunks have a best prompt row
-    and which of those rows are the same (index, work): not on values or durations. So the
+    Which cohorts survive depends only on the shapes, n, and which chunks have prompt fills and
+    which of their prefixes are the same rows and works: not on values or durations. So the
     pruning walk runs once per such pattern and the decision only builds the survivors."""
-    rows = [None if best_prompt.get(c) is None else best_prompt[c][:2] for c in chunks]
-    pattern = tuple(None if r is None else rows.index(r) for r in rows)
+    prefixes = [[tuple(f[:2] for f in fills.get(c, ())[:k]) for k in range(1, len(fills.get(c, ())) + 1)]
+                for c in chunks]
+    # Each (chunk, k) is labelled by the first chunk whose first k rows are the same rows and works.
+    pattern = tuple(tuple(next(j for j in range(len(chunks)) if len(prefixes[j]) >= k and prefixes[j][k - 1] == p)
+                          for k, p in enumerate(ps, 1)) for ps in prefixes)
     key = (id(shapes), n, pattern)
     hit = memo.survivors.get(key)
     if hit is not None and hit[0] is shapes:
@@ -159,19 +197,19 @@ def _survivors(memo: Memo, shapes, order, padded_over, chunks, n: int, best_prom
         b, c = shape.batch_capacity, shape.prefill_capacity
         options = []
         if n:
-            options.append((None, min(b, n)))
-        if label.get(c) is not None:
-            options.append((c, min(b - 1, n)))
-        for prompt, m in options:
+            options.append((None, 0, min(b, n)))
+        for k in range(1, min(len(label.get(c, ())), shape.prompt_rows) + 1):
+            options.append((c, k, min(b - k, n)))
+        for prompt, k, m in options:
             # Cohorts of one (W, D) are prefixes of one ranking with fixed prefixes, so (W, D, m)
-            # names the decode cohort and its prefixes; the prompt row is named by index and work
-            # (here by the first chunk whose best row has the same index and work).
+            # names the decode cohort and its prefixes; the prompt rows are named by their rows and
+            # works (here by the first chunk whose first k rows are the same, and k).
             same = seen.setdefault((shape.token_capacity, shape.proposal_depth, m,
-                                    None if prompt is None else label[prompt]), set())
+                                    None if prompt is None else (label[prompt][k - 1], k)), set())
             if not padded_over[pos].isdisjoint(same):
-                continue  # same cohort, prefixes, prompt row and prompt work: padding only
+                continue  # same cohort, prefixes, prompt rows and prompt work: padding only
             same.add(pos)
-            found.append((pos, prompt, m))
+            found.append((pos, prompt, k, m))
     if len(memo.survivors) >= 4096:
         memo.survivors.clear()
     memo.survivors[key] = (shapes, tuple(found))  # keeps `shapes` alive: its id is not reused
@@ -192,12 +230,14 @@ def _cohort(decode: LanePool, dec: _Decoders, m: int, width: int) -> tuple:
 
 def _candidate(shape, decode, prompts, cohort: tuple, prompt, m, t_ms, state: CostState, waiting,
                growth: float, constants: tuple) -> MixedCandidate:
-    """`growth`: stall_growth(t_ms, tau) of this shape; `constants`: its extent and tie-break."""
+    """`prompt`: the prompt rows, (index, work, value) each; `growth`: stall_growth(t_ms, tau) of
+    this shape; `constants`: its extent and tie-break."""
     members, rows, value, lru, served_stall, used, served_base = cohort
-    work, pvalue, pidx = 0, 0.0, None
-    if prompt is not None:
-        pidx, work, pvalue = prompt
-        value += pvalue
+    work, pvalue = 0, 0.0
+    for pidx, pwork, pval in prompt:
+        work += pwork
+        pvalue += pval
+        value += pval
         lru = max(lru, int(prompts.lru[pidx]))
     slope = decode.age_slope * m
     # An unknown duration ranks by expected useful value alone (optimistic work score).
@@ -218,20 +258,23 @@ def _candidate(shape, decode, prompts, cohort: tuple, prompt, m, t_ms, state: Co
     extent, order = constants
     padding = extent - (work + used)
     # The same tie-break order as every other candidate (policy.finish_candidate).
-    key = (t_ms is None, score, -(t_ms or 0.0), m + (prompt is not None), -lru, -padding, order)
+    key = (t_ms is None, score, -(t_ms or 0.0), m + len(prompt), -lru, -padding, order)
     return MixedCandidate(shape, members, _NO_WORK[:m], value, slope, t_ms, state, score, lru, padding, key,
-                          rows, rows, prompt=pidx, prompt_work=work, prompt_value=pvalue)
+                          rows, rows, prompts=tuple(p[0] for p in prompt),
+                          prompt_works=tuple(p[1] for p in prompt), prompt_value=pvalue)
 
 
 def _padding_order(shapes) -> tuple:
     """The shapes sorted by capacities (a dominating, padded shape always comes after the one it
     pads), for each position the positions of the shapes it is padding over (those that
     dominate it), the distinct prompt chunks, and each shape's packed extent and tie-break
-    tuple: static, so computed once per shape tuple (Memo.orders) instead of pairwise per decision."""
+    tuple: static, so computed once per shape tuple (Memo.orders) instead of pairwise per decision;
+    and the most prompt rows any of them packs."""
     order = tuple(sorted(shapes, key=lambda s: s.capacities()))
     return (order, [frozenset(i for i, other in enumerate(order) if other.dominates(shape)) for shape in order],
             tuple(sorted({s.prefill_capacity for s in order})),
-            [(s.max_packed_extent, tuple(map(neg, s.capacities()))) for s in order])
+            [(s.max_packed_extent, tuple(map(neg, s.capacities()))) for s in order],
+            max(s.prompt_rows for s in order))
 
 
 _NO_WORK = np.zeros(64, dtype=np.int64)  # decode rows consume no prompt (at most 64 rows)
@@ -239,14 +282,14 @@ _NO_WORK.setflags(write=False)
 
 
 def mixed_lanes(table, winner: MixedCandidate, view) -> PlanLanes:
-    """The winner's dense lane list (a PlanningView's pools): the prompt row first, then its
+    """The winner's dense lane list (a PlanningView's pools): the prompt rows first, then its
     decode rows, each priced as its separate family prices it."""
     t_ms = winner.t_ms or 0.0
     drows = view.decode_rows[winner.members]
     parts = []
-    if winner.prompt is not None:
-        prow = view.prefill[GraphKind.PREFILL][1][winner.prompt:winner.prompt + 1]
-        parts.append(prefill_lanes(table, prow, np.array([winner.prompt_work])))
+    if winner.prompts:
+        prow = view.prefill[GraphKind.PREFILL][1][list(winner.prompts)]
+        parts.append(prefill_lanes(table, prow, np.array(winner.prompt_works)))
     if len(drows):
         if winner.rows is None:
             values = view.decode.base[winner.members] + view.decode.age_slope * t_ms

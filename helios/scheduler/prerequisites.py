@@ -26,6 +26,7 @@ from helios.graphs import GraphKind
 from helios.scheduler.checkpoints import StateOperations
 from helios.scheduler.cost import CostState
 from helios.scheduler.lookahead import two_stage
+from helios.scheduler.mixed import prompt_fill
 from helios.scheduler.plan import NO_SLOT
 from helios.scheduler.policy import Budget, Candidate, LanePool, finish_candidate
 from helios.scheduler.prerequisite import Prerequisite
@@ -186,6 +187,9 @@ def _chunk_values(log_prefill, log_first, left, chunk: int) -> np.ndarray:
     return np.where(left > 0, np.exp(log_prefill) * work + np.where(work == left, np.exp(log_first), 0.0), 0.0)
 
 
+_UNBOUNDED = Budget(1 << 30, 1 << 62)  # the lookahead's ready prompts: slots and pages not bounded
+
+
 def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode_shapes, log_prefill, log_first,
                 left, ready_pool: LanePool | None, ready_decoders: LanePool | None, waiting: float,
                 mixed_shapes=()) -> None:
@@ -197,16 +201,17 @@ def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode
     cap = len(c.members)
     best, best_order, best_newly = None, None, 0
 
-    def consider(shape, newly, ready_of, order_of, fixed=None, fixed_newly=False) -> None:
+    def consider(shape, newly, ready_of, order_of, fixed=None, fixed_newly=False, fixed_rows=1) -> None:
         """Keep the (restore, `shape`) sequence when it beats the best so far. `ready_of(F)`: the
         already-ready lanes' contributions; `order_of()` ranks the pool's lanes for that graph
-        (a newly ready prompt row first); `fixed`: a mixed graph's prompt row (lookahead.two_stage)."""
+        (a newly ready prompt row first); `fixed`: a mixed graph's prompt rows, `fixed_rows` of
+        them (lookahead.two_stage)."""
         nonlocal best, best_order, best_newly
         f_ms, state = costs(shape)
         if f_ms is None or state is CostState.UNKNOWN:
             return
         choice = two_stage(newly, ready_of(f_ms), (), cap, shape.batch_capacity, c.t_ms, f_ms, waiting,
-                           fixed, fixed_newly)
+                           fixed, fixed_newly, fixed_rows)
         if choice is not None and choice.sequence and (best is None or choice.score > best.score):
             best, best_order = choice, order_of()
             best_newly = choice.newly + (fixed is not None and fixed_newly)  # restored rows it serves
@@ -216,6 +221,15 @@ def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode
             return np.zeros(0)
         return np.exp(ready_pool.log_prefill) * np.minimum(ready_pool.prompt_left, chunk) + np.where(
             ready_pool.prompt_left <= chunk, ready_pool.first_token, 0.0)
+
+    def ready_fill(budget: int, rows: int) -> tuple[float, int]:
+        """(value, rows) of the already-ready prompts a mixed graph's prompt fill packs into
+        `budget` tokens with at most `rows` rows (mixed.prompt_fill; slots and pages, as for the
+        one ready row above, are not bounded here)."""
+        if ready_pool is None or not len(ready_pool.handles) or budget <= 0 or rows <= 0:
+            return 0.0, 0
+        fill = prompt_fill(ready_pool, budget, _UNBOUNDED, np.exp(ready_pool.log_prefill), rows)
+        return float(sum(value for _, _, value in fill)), len(fill)
 
     for sh in prefill_shapes:
         newly, ready = _chunk_values(log_prefill, log_first, left, sh.token_capacity), ready_prompts(sh.token_capacity)
@@ -235,15 +249,23 @@ def _exact_pair(c: StateCandidate, pool: LanePool, costs, prefill_shapes, decode
     for sh in mixed_shapes:
         # Spec, "Mixed execution contract": the prompt row is absent, already ready, or enabled by
         # the restore; each leaves an exact two-stage problem for the decode rows.
+        # With several prompt rows (docs/packed-prompt-rows.md) the prompt is the packed fill: the
+        # ready prompts', or the restored prompt's chunk and the ready prompts in what it leaves.
         consider(sh, resumed_values, ready_of, order)  # absent: decode rows only
-        ready = ready_prompts(sh.prefill_capacity)
+        c_sh, rows = sh.prefill_capacity, sh.prompt_rows
+        ready = ready_prompts(c_sh)
         if len(ready):
-            consider(sh, resumed_values, ready_of, order, float(ready.max()))
-        chunk = _chunk_values(log_prefill, log_first, left, sh.prefill_capacity)
+            if rows == 1:
+                consider(sh, resumed_values, ready_of, order, float(ready.max()))
+            else:
+                value, k = ready_fill(c_sh, rows)
+                consider(sh, resumed_values, ready_of, order, value, fixed_rows=k)
+        chunk = _chunk_values(log_prefill, log_first, left, c_sh)
         if chunk.max(initial=0.0) > 0.0:
             first = int(ranked_lanes(chunk, pool.lru, pool.slots)[0])
+            value, k = ready_fill(c_sh - min(int(left[first]), c_sh), rows - 1)
             consider(sh, resumed_values, ready_of, lambda first=first: np.concatenate([[first], order()]),
-                     float(chunk[first]), True)
+                     float(chunk[first]) + value, True, 1 + k)
     if best is None:
         return
     served = best_order[:best_newly]

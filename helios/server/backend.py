@@ -53,6 +53,7 @@ class EngineOptions:
     mixed_prefill: bool = False  # also prepare mixed prefill+decode graphs (helios.prepare)
     mixed_prompt_steps: int = PROMPT_STEPS  # their prompt buckets per factor of four (helios.prepare.mixed)
     mixed_prompt_capacity: int | None = None  # their largest prompt chunk (None: --prefill-capacity)
+    mixed_prompt_rows: int = 1  # rows sharing a mixed graph's prompt capacity (docs/packed-prompt-rows.md)
     scored_prefill: bool = True  # also prepare scored prefill graphs: the prompt's log-probabilities
     # torch engine: host memory for conversation checkpoints (SNAPSHOT/RESTORE graphs); 0 disables.
     checkpoint_memory_mib: int = 2048
@@ -162,7 +163,8 @@ def build_backend(options: EngineOptions, log=None) -> Backend:
                                 speculative_token_capacity=options.speculative_token_capacity,
                                 ragged=speculation is SpeculationMode.ADAPTIVE, scored_prefill=options.scored_prefill,
                                 **({"mixed_prefill": True, "mixed_prompt_steps": options.mixed_prompt_steps,
-                                    "mixed_prompt_capacity": options.mixed_prompt_capacity}
+                                    "mixed_prompt_capacity": options.mixed_prompt_capacity,
+                                    "mixed_prompt_rows": options.mixed_prompt_rows}
                                    if options.mixed_prefill else {}))
         core, model_id = EchoSimCore(capacities, request_slots=options.slots, max_context=options.max_context,
                                      pace=options.sim_pace), "helios-sim"
@@ -257,7 +259,8 @@ def _torch_core(options, speculation, chunks, log=None):
                   max_batch=options.slots, speculation=speculation,
                   speculative_token_capacity=options.speculative_token_capacity, device=options.device,
                   mixed_prefill=options.mixed_prefill, mixed_prompt_steps=options.mixed_prompt_steps,
-                  mixed_prompt_capacity=options.mixed_prompt_capacity, scored_prefill=options.scored_prefill)
+                  mixed_prompt_capacity=options.mixed_prompt_capacity, scored_prefill=options.scored_prefill,
+                  **({"mixed_prompt_rows": options.mixed_prompt_rows} if options.mixed_prompt_rows != 1 else {}))
     if options.tensor_parallel > 1:
         from helios.engine.tensor_parallel import TensorParallelCore
 

@@ -26,6 +26,7 @@ _FLAGS = {
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
     "weights": "--weights", "tensor_parallel": "--tensor-parallel", "preemption": "--preemption",
     "mixed_prompt_steps": "--mixed-prompt-steps", "mixed_prompt_capacity": "--mixed-prompt-capacity",
+    "mixed_prompt_rows": "--mixed-prompt-rows",
     "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
     "chat_template": "--chat-template",
 }
@@ -110,6 +111,9 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
     g.add_argument("--mixed-prompt-capacity", type=positive_int, metavar="TOKENS",
                    help="with --mixed-prefill: the largest prompt chunk of a mixed graph, a multiple of 64 up to "
                         "--prefill-capacity (default: --prefill-capacity); longer chunks run in prefill graphs")
+    g.add_argument("--mixed-prompt-rows", type=positive_int, default=1, metavar="R",
+                   help="with --mixed-prefill: rows of a mixed graph that may share its prompt capacity as one "
+                        "packed budget (default 1, the spec's one prompt row; docs/packed-prompt-rows.md)")
     g.add_argument("--checkpoint-memory", type=nonnegative_int, default=2048, metavar="MIB",
                    help="torch engine: host memory for conversation checkpoints, in MiB (default 2048, about "
                         "45k SmolLM2 tokens); a chat turn that extends a stored conversation restores it "
@@ -217,6 +221,7 @@ def run(args: argparse.Namespace) -> int:
             device=args.device, sim_pace=args.sim_pace, warmup=args.warmup, weights=weights,
             tensor_parallel=args.tensor_parallel, mixed_prefill=args.mixed_prefill,
             mixed_prompt_steps=args.mixed_prompt_steps, mixed_prompt_capacity=args.mixed_prompt_capacity,
+            mixed_prompt_rows=args.mixed_prompt_rows,
             scored_prefill=args.scored_prefill,
             slot_share=args.slot_share == "fair",
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,

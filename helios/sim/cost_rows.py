@@ -34,10 +34,12 @@ def check_rows(shape: GraphShape, context_lens: Sequence[int], chunks: Sequence[
         raise ConfigError("chunks", f"{sum(chunks)} packed prompt tokens exceed {shape.label()}'s "
                           f"{linear_tokens(shape)}")
     if shape.kind is GraphKind.MIXED:
+        # Several prompt rows (up to shape.prompt_rows) share the prompt capacity as one packed budget.
         prompt = [c for c in chunks if c > 0]
-        if len(prompt) > 1 or any(c > shape.prefill_capacity for c in prompt):
-            raise ConfigError("chunks", f"a mixed graph has one prompt row of at most "
-                              f"{shape.prefill_capacity} tokens, got {prompt}")
+        if len(prompt) > shape.prompt_rows or sum(prompt) > shape.prefill_capacity:
+            rows = "one prompt row" if shape.prompt_rows == 1 else f"{shape.prompt_rows} prompt rows"
+            raise ConfigError("chunks", f"a mixed graph has {rows} of at most "
+                              f"{shape.prefill_capacity} tokens in all, got {prompt}")
 
 
 def check_packed(chunks: Sequence[int], context_lens: Sequence[int]) -> None:

@@ -86,9 +86,11 @@ class VidurCostModel:
                    attention at mean KV + W - 1, times (1 + q * (W - 1)), where q is the profiled cost of
                    one more query per row: (prefill at chunk 64 / decode at batch 1 - 1) / 63, averaged
                    over the KV lengths both tables cover (`verify_query_cost`)
-      mixed        the decode rows (chunk 0) as speculative (W = 1: plain decode) plus prefill attention of the
-                   prompt row's chunk over its KV; without `chunks`, every active row decodes and one full
-                   prefill_capacity chunk over nothing cached stands for the prompt row
+      mixed        the decode rows (chunk 0) as speculative (W = 1: plain decode) plus prefill attention of
+                   each prompt row's chunk over its KV, as a packed forward prices its chunks
+                   (`chunks_attention_ms`: several prompt rows sharing the prompt capacity pay for their
+                   own chunks, no per-row padding); without `chunks`, every active row decodes and one
+                   full prefill_capacity chunk over nothing cached stands for the prompt row
     `chunks` (optional, one per active row) are the prompt tokens each row consumes.
     """
 
@@ -208,9 +210,15 @@ class VidurCostModel:
             # W verification queries per row read the row's KV once: decode attention at KV + W - 1,
             # plus the profiled cost q of each extra query.
             t = self.decode_attention_ms(len(decode), mean_kv + w - 1) * (1 + self.verify_query_cost * (w - 1))
-        # The prompt row's causal chunk over its own cached prefix (at most one per mixed graph).
-        t += sum(self.prefill_attention_ms([c], [k]) for c, k in prompt)
+        # Each prompt row's causal chunk over its own cached prefix, as a packed forward runs it.
+        t += self.chunks_attention_ms(prompt)
         return t
+
+    def chunks_attention_ms(self, prefill: Sequence[tuple[int, int]]) -> float:
+        """Per-layer attention of packed prompt chunks, (chunk, cached KV) each: varlen attention
+        runs each request's chunk over its own KV, so per chunk, as Vidur 0.0.26 prices it. Shared by
+        the packed forward (Sarathi-Serve, vLLM) and a mixed graph's prompt rows."""
+        return sum(self.prefill_attention_ms([c], [k]) for c, k in prefill)
 
     def breakdown_ms(self, shape: GraphShape, context_lens: Sequence[int], *,
                      chunks: Sequence[int] | None = None) -> dict[str, float]:
@@ -246,8 +254,7 @@ class VidurCostModel:
         attention = 0.0
         if decode_kv:
             attention += self.decode_attention_ms(len(decode_kv), sum(decode_kv) / len(decode_kv))
-        # Varlen attention runs each request's chunk over its own KV: per chunk, as Vidur 0.0.26 prices it.
-        attention += sum(self.prefill_attention_ms([c], [k]) for c, k in prefill)
+        attention += self.chunks_attention_ms(prefill)
         layers = self.profile.layers
         return {"overhead": self.overhead_ms, "embedding": self.linear.emb_ms(n),
                 "linear": layers * self.linear.layer_ms(n), "comm": layers * self.comm_ms_per_token_layer * n,

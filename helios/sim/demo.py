@@ -19,8 +19,10 @@ def _line(step: StepLog) -> str:
             f"measured {step.measured_ns / 1e6:7.2f} ms  rate {step.value_rate:10.4g}  cohort [{handles}]")
 
 
-def run_demo(requests: int = 8, seed: int = 0, steps: int = 40, mixed_prefill: bool = False) -> Simulation:
-    catalog = build_catalog(Capacities(16, (64, 256, 1024), max_prefill_tokens=1024, mixed_prefill=mixed_prefill))
+def run_demo(requests: int = 8, seed: int = 0, steps: int = 40, mixed_prefill: bool = False,
+             mixed_prompt_rows: int = 1) -> Simulation:
+    catalog = build_catalog(Capacities(16, (64, 256, 1024), max_prefill_tokens=1024, mixed_prefill=mixed_prefill,
+                                       mixed_prompt_rows=mixed_prompt_rows))
     scheduler = Scheduler(catalog, config=SchedulerConfig(request_slots=16, kv_pages=1 << 14))
     core = SimCore(catalog, SyntheticCostModel.realistic_small(), seed=seed, noise=0.05)
     rng = np.random.default_rng(seed)

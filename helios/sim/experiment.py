@@ -24,6 +24,7 @@ from helios.errors import ConfigError
 from helios.sim import profile_shape
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.prepare import Capacities, build_catalog
+from helios.prepare.mixed import check_prompt_rows
 from helios.scheduler import RequestSpec
 from helios.sim.acceptance import AcceptanceModel
 from helios.sim.costmodel import CostModel, VidurCostModel
@@ -69,6 +70,12 @@ class Setup:
     # charge does not stop a long-waiting prompt's bid (1,600 against 2,048 on this engine: +0.06 req/s
     # on both traces).
     mixed_prompt_capacity: int | None = 1600
+    # Rows of a mixed graph that may share its prompt capacity (docs/packed-prompt-rows.md; 1: the spec's
+    # one prompt row). One: on the 1,000-request report windows, four rows raised Helios's goodput on Azure
+    # (2.31 -> 2.37 req/s) and lowered it on Mooncake (0.63 -> 0.62, one seed 0.57), so the extension does
+    # not pay overall (docs/packed-prompt-rows.md, "Measured"). A Helios scheduler's `mixed_prompt_rows=N`
+    # variant sets it for that run; `--mixed-prompt-rows N` for every Helios row.
+    mixed_prompt_rows: int = 1
     # The largest prefill graph the engine prepares, in prompt tokens (one of prefill_chunks; None or
     # above them: the largest). B x C stays within it, so 2,048 drops the 4,096-token chunk and the
     # 2 x 2,048 graph alike, each of which left every decoder out for 650 ms (docs/scheduling-utility.md
@@ -91,20 +98,28 @@ class Setup:
         top = max(self.prefill_chunks) if self.prefill_capacity is None else self.prefill_capacity
         return tuple(c for c in self.prefill_chunks if c <= top)  # never empty: top is one of them or above
 
-    def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Capacities:
+    def capacities(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False,
+                   prompt_rows: int | None = None) -> Capacities:
         # Decode at every power-of-two batch up to the slots; prefill (B, C) within one envelope (the capacity);
         # with speculation, programs of every width in SPEC_WIDTHS (ragged past R) replace ordinary decode.
         # `mixed` adds the mixed prefill+decode catalog (helios.prepare's mixed_shapes rule).
         top = self.mixed_prompt_capacity
         top = None if top is None else min(top, max(self.chunks))  # a smaller engine: its largest chunk
+        rows = self.mixed_prompt_rows if prompt_rows is None else prompt_rows
         extra = {"mixed_prefill": True, "mixed_prompt_steps": self.mixed_prompt_steps,
-                 "mixed_prompt_capacity": top} if mixed else {}
+                 "mixed_prompt_capacity": top, "mixed_prompt_rows": rows} if mixed else {}
         return Capacities(self.request_slots, self.chunks, max_prefill_tokens=max(self.chunks),
                           speculation=speculation, widths=tuple(SPEC_WIDTHS),
                           speculative_token_capacity=SPEC_TOKEN_CAPACITY, **extra)
 
-    def catalog(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False) -> Catalog:
-        return build_catalog(self.capacities(speculation, mixed))
+    def catalog(self, speculation: SpeculationMode = SpeculationMode.OFF, mixed: bool = False,
+                prompt_rows: int | None = None) -> Catalog:
+        return build_catalog(self.capacities(speculation, mixed, prompt_rows))
+
+    def prompt_rows_for(self, scheduler: str) -> int:
+        """The mixed graphs' prompt rows of `scheduler`'s run: its `mixed_prompt_rows=N` variant, else
+        the engine's `mixed_prompt_rows`."""
+        return int(split_variant(scheduler)[1].get(ENGINE_FIELD, self.mixed_prompt_rows))
 
     def mixed_for(self, scheduler: str) -> bool:
         """Whether `scheduler` runs with the mixed catalog: Helios with --mixed-prefill. vLLM, Sarathi-Serve,
@@ -140,22 +155,27 @@ def load_cost_model(name: str) -> CostModel:
     return VidurCostModel.from_data(name)
 
 
+ENGINE_FIELD = "mixed_prompt_rows"  # a variant field of the engine's catalog, not of the scheduler's configs
+
+
 def split_variant(name: str) -> tuple[str, dict]:
     """"helios-balanced[stall_pricing=0,adaptation_ms=300]" -> the base name and the overrides of
     PolicyConfig or StudyConfig fields (the ablation's variants; `variant_configs` splits them); a
-    plain name has none. A `+reuse` suffix (`split_reuse`) is not part of the scheduler and is dropped."""
+    plain name has none. A `+reuse` suffix (`split_reuse`) is not part of the scheduler and is dropped.
+    `mixed_prompt_rows=N` (ENGINE_FIELD) sets that run's catalog instead (`Setup.prompt_rows_for`)."""
     name = split_reuse(name)[0]
     if not name.endswith("]") or "[" not in name:
         return name, {}
     base, _, body = name[:-1].partition("[")
     defaults = {**{f.name: getattr(PolicyConfig(), f.name) for f in dataclasses.fields(PolicyConfig)},
-                **{f.name: getattr(StudyConfig(), f.name) for f in dataclasses.fields(StudyConfig)}}
+                **{f.name: getattr(StudyConfig(), f.name) for f in dataclasses.fields(StudyConfig)},
+                ENGINE_FIELD: 1}
     overrides = {}
     for item in filter(None, body.split(",")):
         key, eq, text = item.partition("=")
         if not eq or key not in defaults:
             raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: use field=value with a "
-                              f"PolicyConfig or StudyConfig field")
+                              f"PolicyConfig or StudyConfig field, or {ENGINE_FIELD}")
         default = defaults[key]
         if isinstance(default, bool):
             overrides[key] = text.lower() in ("1", "true", "on", "yes")
@@ -168,6 +188,12 @@ def split_variant(name: str) -> tuple[str, dict]:
                 overrides[key] = float(text)
             except ValueError:
                 raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: {text!r} is not a number") from None
+    if ENGINE_FIELD in overrides:
+        rows = overrides[ENGINE_FIELD]
+        if rows is None or rows != int(rows):
+            raise ConfigError("scheduler", f"bad variant in {name!r}: {ENGINE_FIELD} is a whole number of rows")
+        overrides[ENGINE_FIELD] = int(rows)
+        check_prompt_rows(overrides[ENGINE_FIELD])
     return base, overrides
 
 
@@ -177,6 +203,7 @@ def variant_configs(name: str) -> tuple[PolicyConfig, StudyConfig]:
     base, overrides = split_variant(name)
     policy = "throughput" if base.endswith("throughput") else "spec" if base == "helios-spec-table" else "balanced"
     study_fields = {f.name for f in dataclasses.fields(StudyConfig)}
+    overrides.pop(ENGINE_FIELD, None)  # the catalog's, not the scheduler's (Setup.prompt_rows_for)
     return (replace(preset(policy), **{k: v for k, v in overrides.items() if k not in study_fields}),
             replace(study_preset(policy), **{k: v for k, v in overrides.items() if k in study_fields}))
 
@@ -308,7 +335,7 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
     progress: a tqdm bar over virtual time; None shows it only when stderr is a terminal.
     """
     speculation = SpeculationMode.ADAPTIVE if split_variant(scheduler)[0] == "helios-spec" else SpeculationMode.OFF
-    catalog = setup.catalog(speculation, setup.mixed_for(scheduler))
+    catalog = setup.catalog(speculation, setup.mixed_for(scheduler), setup.prompt_rows_for(scheduler))
     config = replace(setup.config(), speculation=speculation)
     acceptance = AcceptanceModel(seed=seed) if speculation is SpeculationMode.ADAPTIVE else None
     model = load_cost_model(setup.cost_model)

@@ -258,6 +258,7 @@ def _write_json(cfg, names, results, workloads, path: Path, wall: float) -> None
            "mixed_prefill": cfg.setup.mixed_prefill,
            "mixed_prompt_steps": cfg.setup.mixed_prompt_steps,
            "mixed_prompt_capacity": cfg.setup.mixed_prompt_capacity,
+           "mixed_prompt_rows": cfg.setup.mixed_prompt_rows,
            "prefill_capacity": cfg.setup.prefill_capacity, "prefix_reuse": cfg.prefix_reuse,
            "workloads": {t: {"requests": w.requests, "base_rate": w.base_rate, "load_at_1": w.load_at_1,
                              "slo": {"ttft_ms": w.slo.ttft_ms, "gap_ms": w.slo.gap_ms,

@@ -78,7 +78,11 @@ def _setup_lines(cfg) -> list[str]:
         f"(every slot at its full {s.max_context}-token context, so page reservation never binds).",
         "- **Mixed graphs** " + ("on for the Helios schedulers (`--mixed-prefill`: the mixed prefill+decode catalog "
                                  f"is added to theirs, prompt buckets {', '.join(map(str, mixed_ladder))}; longer "
-                                 "chunks run in the prefill graphs); the baselines keep their own rules."
+                                 "chunks run in the prefill graphs; "
+                                 + (f"up to {s.mixed_prompt_rows} prompt rows share a graph's prompt capacity, "
+                                    if s.mixed_prompt_rows > 1 else "one prompt row per graph, ")
+                                 + "a `[mixed_prompt_rows=N]` row sets N for itself: docs/packed-prompt-rows.md); "
+                                 "the baselines keep their own rules."
                                  if s.mixed_prefill else
                                  "off: Helios runs separate prefill and decode graphs."),
         "- **Prefix reuse** " + ("rows added (`+reuse`) on the traces with block hashes: automatic prefix caching "

@@ -16,7 +16,9 @@ class SyntheticCostModel:
     decode, speculative  a_dec + b_dec * n + c_kv * sum(ctx * W) / 1000
     prefill              a_pre + b_pre * n + c_pair * sum(c * (ctx + c / 2)) / 1e6, c = W or the row's chunk
     mixed                a_dec + b_dec (B - 1) W + c_kv sum(decode ctx * W) / 1000 + b_pre C
-                         + c_pair c (ctx + c / 2) / 1e6 for the prompt row (c = C over 0 without chunks)
+                         + c_pair c (ctx + c / 2) / 1e6 per prompt row (c = C over 0 without chunks):
+                         several prompt rows sharing C pay each its own chunk's pairs, as the packed
+                         forward prices them (no per-row padding)
     snapshot, restore    a_state; vision a_pre + b_pre * B * W
     n = linear_tokens(shape) (physical, padded) so padding always costs; context terms use active rows.
     """
@@ -65,8 +67,12 @@ class SyntheticCostModel:
         t = self.a_dec + self.b_dec * rows + self.c_kv * sum(decode) * w / 1000
         if kind is GraphKind.MIXED:
             t += self.b_pre * shape.prefill_capacity
-            t += sum(self.c_pair * c * (k + c / 2) / 1e6 for c, k in prompt)
+            t += sum(self._chunk_pairs_ns(c, k) for c, k in prompt)
         return int(round(t))
+
+    def _chunk_pairs_ns(self, chunk: int, kv: int) -> float:
+        """A prompt chunk's causal attention over its own cached prefix (packed and mixed alike)."""
+        return self.c_pair * chunk * (kv + chunk / 2) / 1e6
 
     def chunked_duration_ns(self, shape: GraphShape, chunks: Sequence[int], context_lens: Sequence[int]) -> int:
         return self.duration_ns(shape, context_lens, chunks=chunks)
@@ -78,7 +84,7 @@ class SyntheticCostModel:
         t = self.a_dec
         for c, k in zip(chunks, context_lens):
             if c > 0:
-                t += self.b_pre * c + self.c_pair * c * (k + c / 2) / 1e6
+                t += self.b_pre * c + self._chunk_pairs_ns(c, k)
             else:
                 t += self.b_dec + self.c_kv * k / 1000
         return int(round(t))

@@ -7,8 +7,9 @@ from helios.graphs import GraphKind, GraphShape
 from conftest import MS, decode, prefill, spec
 
 
-def mixed(b, c, w=1):
-    return GraphShape(GraphKind.MIXED, b, w, w - 1, 0, c)
+def mixed(b, c, w=1, rows=1):
+    """A mixed graph; `rows` prompt rows share its prompt capacity (docs/packed-prompt-rows.md)."""
+    return GraphShape(GraphKind.MIXED, b, w, w - 1, 0, c, rows)
 
 
 def small_mixed_catalog():

@@ -17,23 +17,25 @@ def subsets(items):
     return chain.from_iterable(combinations(range(len(items)), k) for k in range(len(items) + 1))
 
 
-def brute_force(newly, ready, terminal, bp, bg, t, f, w, fixed=None, fixed_newly=False):
+def brute_force(newly, ready, terminal, bp, bg, t, f, w, fixed=None, fixed_newly=False, fixed_rows=1):
     """Every subset triple, scored from scratch: (best score, most requests at that score). Spec,
     "Prerequisites and completion": unused prerequisite capacity advances further newly ready rows
     at no extra physical cost, and equal value rates prefer advancing more requests. `fixed`: one
-    following row chosen beforehand (a mixed graph's prompt row), newly ready or already ready."""
+    following row chosen beforehand (a mixed graph's prompt row), newly ready or already ready;
+    `fixed_rows`: the following rows it takes (several packed prompt rows, one of them newly ready)."""
     cands = []
     own = 1 if fixed is not None and fixed_newly else 0  # prerequisite rows the fixed row takes
+    taken = 0 if fixed is None else fixed_rows  # following rows the fixed rows take
     for sn in subsets(newly):
         for sm in subsets(terminal):
             if (sn or own) and len(sn) + len(sm) + own <= bp:
                 for sr in subsets(ready):
-                    if len(sn) + len(sr) + (fixed is not None) > bg:
+                    if len(sn) + len(sr) + taken > bg:
                         continue
                     value = sum(newly[i] for i in sn) + sum(ready[i] for i in sr) + sum(terminal[i] for i in sm)
                     value += fixed or 0.0
                     spare = min(len(newly) - len(sn), bp - own - len(sn) - len(sm))
-                    count = len(sn) + len(sr) + len(sm) + spare + (fixed is not None)
+                    count = len(sn) + len(sr) + len(sm) + spare + taken
                     cand = (value / (t + f) - (t + f) / 2 * w, count)
                     cands.append(cand)
             if not sn and sm and len(sm) <= bp:
@@ -91,6 +93,26 @@ def test_a_mixed_prompt_row_leaves_an_exact_two_stage_problem(newly, ready, term
     assert got.score == pytest.approx(want[0], rel=1e-9, abs=1e-9)
     if got.sequence:
         assert got.fixed and (got.newly >= 1 or prompt_newly)  # a newly ready row takes part
+    if abs(got.score - want[0]) <= 1e-9 * max(1.0, abs(want[0])):
+        assert got.advanced == want[1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(values, values, values, st.integers(1, 4), st.integers(2, 6), st.floats(0.1, 20.0), st.floats(0.1, 20.0),
+       st.sampled_from([0.0, 0.01, 0.5]), st.floats(0.0, 80.0), st.booleans(), st.integers(1, 3))
+def test_packed_prompt_rows_leave_an_exact_two_stage_problem(newly, ready, terminal, bp, bg, t, f, w, prompt,
+                                                             prompt_newly, rows):
+    """Several prompt rows packed in one mixed graph (docs/packed-prompt-rows.md): the fixed value
+    takes `rows` following rows (one prerequisite row when the restored prompt is among them), and
+    the decode and terminal rows are still an exact two-stage problem, checked against every subset."""
+    got = two_stage(newly, ready, terminal, bp, bg, t, f, w, prompt, prompt_newly, rows)
+    want = brute_force(newly, ready, terminal, bp, bg, t, f, w, prompt, prompt_newly, rows)
+    if want is None:
+        assert got is None
+        return
+    assert got.score == pytest.approx(want[0], rel=1e-9, abs=1e-9)
+    if got.sequence:
+        assert got.fixed == rows and got.newly + got.ready + rows <= bg
     if abs(got.score - want[0]) <= 1e-9 * max(1.0, abs(want[0])):
         assert got.advanced == want[1]
 

@@ -32,53 +32,55 @@ def rows(s):
     return [s.request_row(h) for h in s.requests]
 
 
-def fairness(policy):
+def fairness(policy, table=TABLE):
     """f and g as the scheduler prices them: with `fairness_time_scale`, both scaled so that
     f <= beta * r_d, r_d the fastest delivery graph's rate (1/T) in the table."""
     f, g, beta = policy.token_fairness, policy.delivery_fairness, policy.output_token_value
     if policy.fairness_time_scale and f > 0 and beta > 0:
-        r_d = max(1 / TABLE[d] for d in TABLE if d.kind in DELIVERY)
+        r_d = max(1 / table[d] for d in table if d.kind in DELIVERY)
         k = min(1.0, beta * r_d / f)
         f, g = f * k, g * k
     return f, g
 
 
-def decoder_value(s, r, t, sigma, policy):
-    (f, g), beta, c = fairness(policy), policy.output_token_value, policy.decode_age_price
+def decoder_value(s, r, t, sigma, policy, table=TABLE):
+    (f, g), beta, c = fairness(policy, table), policy.output_token_value, policy.decode_age_price
     x = math.exp(r.log_x)
     z = None if r.log_z is None else math.exp(r.log_z)
     age = (s.now_ns - r.last_publication_ns) / MS
     return beta + f / x + (g / z if z else 0.0) + c * sigma * (age + t)
 
 
-def prompt_value(r, chunk, policy):
-    f, beta = fairness(policy)[0], policy.output_token_value
+def prompt_value(r, chunk, policy, table=TABLE):
+    """A prompt row's value when it may take up to `chunk` tokens: min(chunk, prompt_left)."""
+    f, beta = fairness(policy, table)[0], policy.output_token_value
     x = math.exp(r.log_x)
     work = min(chunk, r.prompt_left)
     return (1 + f / x) * work + ((beta + f / x) if work == r.prompt_left else 0.0)
 
 
-def objective(s, shape, decoders, prompt, policy):
+def objective(s, shape, decoders, prompt, policy, table=TABLE, works=None):
     """The spec's score with priced stalls, unscaled, for one shape, a decoder subset and an
-    optional prompt row."""
-    t = TABLE[shape]
+    optional prompt row (or, with `works`, prompt rows taking those many tokens each)."""
+    t = table[shape]
     active = [r for r in rows(s) if r.phase is Phase.DECODE]
     k = len(active)
-    sigma = k * min(TABLE[d] / min(d.batch_capacity, k) for d in TABLE if d.kind in DELIVERY) if k else 0.0
+    sigma = k * min(table[d] / min(d.batch_capacity, k) for d in table if d.kind in DELIVERY) if k else 0.0
     chunk = shape.prefill_capacity if shape.kind is GraphKind.MIXED else shape.token_capacity
-    value = sum(decoder_value(s, r, t, sigma, policy) for r in decoders)
-    value += sum(prompt_value(r, chunk, policy) for r in prompt)
+    value = sum(decoder_value(s, r, t, sigma, policy, table) for r in decoders)
+    value += sum(prompt_value(r, chunk if works is None else w, policy, table)
+                 for r, w in zip(prompt, works or [None] * len(prompt)))
     # Priced stalls (issue 12, docs/scheduling-utility.md): each active decoder left out owes the
     # growth of its fairness and delivery prices over T.
     served = {r.handle for r in decoders}
-    f, g = fairness(policy)
+    f, g = fairness(policy, table)
     stalled = sum(f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
                   for r in active if r.handle not in served) if policy.stall_pricing else 0.0
     # Served decoders of a mixed graph that outlasts the fastest delivery graph with room for
     # them are stalled for the excess (utility.served_cost).
     delayed = 0.0
     if policy.stall_pricing and policy.served_stall_pricing and shape.kind is GraphKind.MIXED and decoders:
-        step = min(TABLE[d] for d in TABLE if d.kind in DELIVERY and d.batch_capacity >= len(decoders))
+        step = min(table[d] for d in table if d.kind in DELIVERY and d.batch_capacity >= len(decoders))
         delayed = sum(f / math.exp(r.log_x) + (g / math.exp(r.log_z) if r.log_z is not None else 0.0)
                       for r in decoders) * math.expm1(max(0.0, t - step) / policy.adaptation_ms) / t
     score = value / t - t / 2 * policy.decode_age_price * k
@@ -86,10 +88,10 @@ def objective(s, shape, decoders, prompt, policy):
     if policy.deferred_step_pricing and left:
         # Deferred step (docs/scheduling-utility.md, section 4): the decoders a graph leaves out are served next by the fastest delivery graph with room for them, so the graph is
         # scored over T + that step, the deferred decoders valued at its end.
-        steps = [TABLE[d] for d in TABLE if d.kind in DELIVERY and d.batch_capacity >= len(left)]
+        steps = [table[d] for d in table if d.kind in DELIVERY and d.batch_capacity >= len(left)]
         if steps:
             total = t + min(steps)
-            later = sum(decoder_value(s, r, total, sigma, policy) for r in left)
+            later = sum(decoder_value(s, r, total, sigma, policy, table) for r in left)
             score = (value + later) / total - total / 2 * policy.decode_age_price * k
     return score - stalled * math.expm1(t / policy.adaptation_ms) / t - delayed
 

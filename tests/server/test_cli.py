@@ -42,6 +42,8 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--mixed-prompt-steps", "0"], "--mixed-prompt-steps"),
     (["--mixed-prefill", "--mixed-prompt-capacity", "100", "--engine", "sim"], "--mixed-prompt-capacity"),
     (["--mixed-prefill", "--mixed-prompt-capacity", "512", "--engine", "sim"], "--mixed-prompt-capacity"),
+    (["--mixed-prompt-rows", "0"], "--mixed-prompt-rows"),
+    (["--mixed-prefill", "--mixed-prompt-rows", "65", "--engine", "sim"], "--mixed-prompt-rows"),
 ])
 def test_invalid_flags_exit_2_with_one_line(capsys, argv, flag):
     try:
@@ -106,6 +108,21 @@ def test_the_mixed_prompt_ladder_reaches_the_catalog():
     assert ladder(mixed_prompt_steps=12, mixed_prompt_capacity=512) == list(prompt_buckets(512, 12))
     with pytest.raises(ConfigError, match="mixed_prompt_steps"):
         build_backend(EngineOptions(engine="sim", mixed_prefill=True, mixed_prompt_steps=0))
+
+
+def test_mixed_prompt_rows_reach_the_catalog():
+    """--mixed-prompt-rows R: each mixed graph packs up to min(R, B) prompt rows (default 1, the
+    spec's one prompt row; docs/packed-prompt-rows.md)."""
+    from helios.graphs import GraphKind
+    from helios.server import EngineOptions, build_backend
+
+    def rows(**kw):
+        options = EngineOptions(engine="sim", mixed_prefill=True, prefill_capacity=1024, max_context=2048, **kw)
+        return {(s.batch_capacity, s.prompt_rows) for s in build_backend(options).scheduler.catalog.of_kind(GraphKind.MIXED)}
+
+    assert {r for _, r in rows()} == {1}
+    assert build_parser().parse_args(["run", "--mixed-prompt-rows", "3"]).mixed_prompt_rows == 3
+    assert all(r == min(3, b) for b, r in rows(mixed_prompt_rows=3))
 
 
 def test_preemption_flags_reach_the_helios_scheduler_only():
