@@ -200,17 +200,18 @@ class ScheduledPlan:
 
 
 def _check_mixed_roles(shape: GraphShape, lanes: PlanLanes) -> None:
-    """Mixed lane roles: at most B rows, at most one prompt row of at most C tokens (its output
-    rows 0 or 1), decode rows of 1..W output rows."""
+    """Mixed lane roles: at most B rows; prompt rows (several with the extension past the spec's one,
+    docs/scheduling-utility.md) of at most C tokens together (each one's output rows 0 or 1); decode
+    rows of 1..W output rows. How many prompt rows a plan may carry is the scheduler's capacity."""
     n, b = len(lanes), shape.batch_capacity
     if n > b:
         raise InvalidRequest(f"{shape.label()} has {b} rows; the plan has {n} lanes")
     prompt = lanes.prompt_tokens
     rows = np.flatnonzero(prompt)
-    if len(rows) > 1 or int(prompt.min(initial=0)) < 0:
-        raise InvalidRequest(f"{shape.label()}: at most one prompt row, got {len(rows)}")
-    if len(rows) and (prompt[rows[0]] > shape.prefill_capacity or lanes.output_rows[rows[0]] > 1):
-        raise InvalidRequest(f"{shape.label()}: the prompt row exceeds its capacity or output row")
+    if int(prompt.min(initial=0)) < 0:
+        raise InvalidRequest(f"{shape.label()}: negative prompt tokens")
+    if int(prompt.sum()) > shape.prefill_capacity or int(lanes.output_rows[rows].max(initial=0)) > 1:
+        raise InvalidRequest(f"{shape.label()}: the prompt rows exceed their capacity or output row")
     decode = np.delete(lanes.output_rows, rows)
     if len(decode) and (int(decode.min()) < 1 or int(decode.max()) > shape.token_capacity):
         raise InvalidRequest(f"{shape.label()}: decode rows have 1..{shape.token_capacity} output rows")
