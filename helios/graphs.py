@@ -57,6 +57,9 @@ class GraphShape:
     proposal_depth   D: captured proposal depth (speculative; 0 elsewhere)
     target_capacity  P: aggregate target rows; rectangular programs have P = B x W
     prefill_capacity prompt tokens of a mixed graph; zero for every other family
+    prompt_rows      mixed graphs: how many rows may share prefill_capacity as one packed prompt
+                     budget (1: the spec's one prompt row; more is the documented extension of
+                     docs/packed-prompt-rows.md); one for every other family
 
     A packed forward (kind PACKED) has no physical shape: B is its sequence limit (max_num_seqs) and W
     its token budget (max_num_batched_tokens); its lanes say what it really runs.
@@ -70,6 +73,7 @@ class GraphShape:
     proposal_depth: int = 0
     target_capacity: int = 0
     prefill_capacity: int = 0
+    prompt_rows: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, GraphKind):
@@ -88,6 +92,12 @@ class GraphShape:
             raise ConfigError("target_capacity", "P cannot exceed B x W")
         if self.kind is not GraphKind.MIXED and self.prefill_capacity:
             raise ConfigError("prefill_capacity", "only mixed graphs carry a prompt capacity")
+        r = self.prompt_rows
+        if isinstance(r, bool) or not isinstance(r, int) or r < 1:
+            raise ConfigError("prompt_rows", f"must be a positive integer, got {r!r}")
+        if r > 1 and (self.kind is not GraphKind.MIXED or r > self.batch_capacity):
+            raise ConfigError("prompt_rows", f"only a mixed graph has several prompt rows, at most its "
+                                             f"{self.batch_capacity} rows; got {r} for a {self.kind.value} graph")
         if self.kind is GraphKind.DECODE and (self.token_capacity != 1 or self.proposal_depth):
             raise ConfigError("token_capacity", "ordinary decode has width one and no proposals")
         if self.kind is GraphKind.SPECULATIVE:
@@ -119,7 +129,8 @@ class GraphShape:
     def max_packed_extent(self) -> int:
         """Mixed graphs: prefill_capacity + (batch_capacity - 1) x token_capacity, the packed token
         extent of one full prompt row plus full decode rows (a decode-only population fits too,
-        since the prompt capacity is at least the decode width)."""
+        since the prompt capacity is at least the decode width). Several prompt rows share the
+        prompt capacity, so they leave fewer decode rows and never a longer extent."""
         if self.kind is not GraphKind.MIXED:
             raise ConfigError("kind", f"only mixed graphs have a packed extent, not {self.kind.value}")
         return self.prefill_capacity + (self.batch_capacity - 1) * self.token_capacity
@@ -145,7 +156,8 @@ class GraphShape:
             return (f"{k}[B={self.batch_capacity},D={self.proposal_depth},"
                     f"W={self.token_capacity},P={self.target_capacity}]")
         if self.kind is GraphKind.MIXED:
-            return f"{k}[B={self.batch_capacity},W={self.token_capacity},C={self.prefill_capacity}]"
+            rows = f",R={self.prompt_rows}" if self.prompt_rows > 1 else ""
+            return f"{k}[B={self.batch_capacity},W={self.token_capacity},C={self.prefill_capacity}{rows}]"
         if self.kind is GraphKind.PACKED:
             return f"{k}[seqs<={self.batch_capacity},tokens<={self.token_capacity}]"
         return f"{k}[B={self.batch_capacity}]"

@@ -8,7 +8,7 @@ Layout (the spec's "Mixed execution contract"):
 - row b's tokens sit at packed offsets off_b .. off_b + n_b - 1 with off_b = n_0 + ... + n_(b-1), in lane
   order and independent of slot ids; each prompt row sits at its own packed offset;
 - a mixed graph's prompt rows share its prompt capacity C as one packed budget: the spec's one prompt
-  row, or several (the extension in docs/scheduling-utility.md), each padded to nothing;
+  row, or up to the shape's prompt_rows R (the extension of docs/scheduling-utility.md), none padded;
 - the query lengths travel as one tensor [B] (zero for inactive rows); the per-position slots are
   derived from it on the device, so no second per-token layout is uploaded;
 - the extent is the graph's maximum packed extent: C + (B - 1) W for a mixed graph (r >= 2 prompt rows
@@ -77,9 +77,9 @@ class PackedGraph:
             raise ValueError(f"{len(rows)} rows do not fit batch capacity {B}")
         mixed = self.shape.kind is GraphKind.MIXED
         prompt = sum(len(rows[b].tokens) for b in prompt_rows)
-        if mixed and prompt > self.shape.prefill_capacity:
-            raise ValueError(f"prompt rows {sorted(prompt_rows)} hold {prompt} tokens; the prompt capacity "
-                             f"is {self.shape.prefill_capacity}")
+        if mixed and (len(prompt_rows) > self.shape.prompt_rows or prompt > self.shape.prefill_capacity):
+            raise ValueError(f"prompt rows {sorted(prompt_rows)} hold {prompt} tokens; the graph takes at most "
+                             f"{self.shape.prompt_rows} prompt rows of {self.shape.prefill_capacity} tokens together")
         h = self.host
         h["tokens"].fill_(PAD_TOKEN)
         h["positions"].zero_()  # unused capacity: scratch slot, position 0

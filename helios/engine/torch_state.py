@@ -150,13 +150,14 @@ def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_sl
 
 def _prompt_rows(plan: ScheduledPlan) -> frozenset[int]:
     """Indices of the lanes that consume prompt tokens: every lane of a prefill plan (packed by prefix
-    sums within B x C), the prompt rows of a mixed plan (packed by prefix sums within C together;
-    ScheduledPlan already holds a mixed plan's decode rows within W)."""
+    sums within B x C), the prompt rows of a mixed plan (up to the shape's prompt_rows, packed by prefix
+    sums within C together; ScheduledPlan already holds a mixed plan to them and its decode rows
+    within W)."""
     shape, prompt = plan.shape, plan.lanes.prompt_tokens.tolist()
     if shape.kind.is_prefill:
         capacity, rows = shape.batch_capacity * shape.token_capacity, range(len(prompt))
     elif shape.kind is GraphKind.MIXED:
-        capacity, rows = shape.prefill_capacity, [i for i, n in enumerate(prompt) if n]
+        capacity, rows = shape.prefill_capacity, plan.prefill_rows
     else:
         return frozenset()  # _check_decode names stray prompt tokens
     if sum(prompt) > capacity:

@@ -181,15 +181,21 @@ class ScheduledPlan:
 
     @property
     def prefill_row(self) -> int | None:
-        """Mixed plans: index in the dense lane list of the one row that consumes prompt tokens
-        (None: no prompt row). Every other row of a mixed plan is a decode or speculative row with
-        prompt_tokens == 0. Helios puts the prompt row first (0 when present); a consumer must
-        read the index rather than assume it. Separate-family plans have no prefill role and
-        return None."""
+        """Mixed plans: index in the dense lane list of the first row that consumes prompt tokens
+        (None: no prompt row). Every other row of a mixed plan with one prompt row is a decode or
+        speculative row with prompt_tokens == 0. Helios puts the prompt rows first (0 when
+        present); a consumer must read the index rather than assume it. Separate-family plans
+        have no prefill role and return None. `prefill_rows` names every prompt row."""
+        rows = self.prefill_rows
+        return rows[0] if rows else None
+
+    @property
+    def prefill_rows(self) -> tuple[int, ...]:
+        """Mixed plans: the dense lane indices of every prompt row (at most shape.prompt_rows,
+        one in the spec's form), in packed order; () otherwise."""
         if self.shape.kind is not GraphKind.MIXED:
-            return None
-        prompt = np.flatnonzero(self.lanes.prompt_tokens)
-        return int(prompt[0]) if len(prompt) else None
+            return ()
+        return tuple(np.flatnonzero(self.lanes.prompt_tokens).tolist())
 
     def padding(self) -> int:
         if self.shape.kind is GraphKind.MIXED:  # the packed extent: the prompt row plus W-wide rows
@@ -200,18 +206,21 @@ class ScheduledPlan:
 
 
 def _check_mixed_roles(shape: GraphShape, lanes: PlanLanes) -> None:
-    """Mixed lane roles: at most B rows; prompt rows (several with the extension past the spec's one,
-    docs/scheduling-utility.md) of at most C tokens together (each one's output rows 0 or 1); decode
-    rows of 1..W output rows. How many prompt rows a plan may carry is the scheduler's capacity."""
+    """Mixed lane roles: at most B rows, at most shape.prompt_rows prompt rows (one in the spec's
+    form) whose tokens share the prompt capacity C (each prompt row's output rows 0 or 1), decode
+    rows of 1..W output rows."""
     n, b = len(lanes), shape.batch_capacity
     if n > b:
         raise InvalidRequest(f"{shape.label()} has {b} rows; the plan has {n} lanes")
     prompt = lanes.prompt_tokens
     rows = np.flatnonzero(prompt)
-    if int(prompt.min(initial=0)) < 0:
-        raise InvalidRequest(f"{shape.label()}: negative prompt tokens")
-    if int(prompt.sum()) > shape.prefill_capacity or int(lanes.output_rows[rows].max(initial=0)) > 1:
-        raise InvalidRequest(f"{shape.label()}: the prompt rows exceed their capacity or output row")
+    limit = shape.prompt_rows
+    if len(rows) > limit or int(prompt.min(initial=0)) < 0:
+        what = "one prompt row" if limit == 1 else f"{limit} prompt rows"
+        raise InvalidRequest(f"{shape.label()}: at most {what}, got {len(rows)}")
+    if len(rows) and (int(prompt[rows].sum()) > shape.prefill_capacity or int(lanes.output_rows[rows].max()) > 1):
+        what = "the prompt row exceeds its" if limit == 1 else "the prompt rows exceed their packed"
+        raise InvalidRequest(f"{shape.label()}: {what} capacity or output row")
     decode = np.delete(lanes.output_rows, rows)
     if len(decode) and (int(decode.min()) < 1 or int(decode.max()) > shape.token_capacity):
         raise InvalidRequest(f"{shape.label()}: decode rows have 1..{shape.token_capacity} output rows")

@@ -19,7 +19,7 @@ from torch_helpers import chat, lane, loaded, plan  # noqa: E402,F401 (loaded is
 MAX_CONTEXT = 512
 MIXED = GraphShape(GraphKind.MIXED, 4, 1, 0, 0, 128)
 MIXED64 = GraphShape(GraphKind.MIXED, 2, 1, 0, 0, 64)
-MIXED8 = GraphShape(GraphKind.MIXED, 8, 1, 0, 0, 64)
+MIXED8 = GraphShape(GraphKind.MIXED, 8, 1, 0, 0, 64, prompt_rows=3)  # the extension: R = 3 share C
 SPEC_MIXED = GraphShape(GraphKind.MIXED, 4, 4, 3, 0, 128)
 PREFILL = GraphShape(GraphKind.PREFILL, 1, 256)
 PREFILL2 = GraphShape(GraphKind.PREFILL, 2, 64)
@@ -138,8 +138,10 @@ def test_several_prompt_rows_in_one_mixed_forward(loaded):
             assert p.query_lengths == (1, n2, 1, n3, n4)
             assert p.offsets == (0, 1, 1 + n2, 2 + n2, 2 + n2 + n3, 66)  # no padding between rows
             assert [len(recs[h].tokens) for h in order] == [1, 1, 1, 1, 0]
-            with pytest.raises((PlanMismatch, InvalidRequest), match="prompt rows exceed"):
+            with pytest.raises((PlanMismatch, InvalidRequest), match="prompt rows exceed their packed capacity"):
                 plan(MIXED8, [rows[2], rows[3], lane(4, 4, 0, n4 + 1, 0, 0)])  # one token past the shared C
+            with pytest.raises((PlanMismatch, InvalidRequest), match="at most 3 prompt rows"):
+                plan(MIXED8, [rows[2], rows[3], lane(4, 4, 0, 2, 0, 0), lane(5, 5, 0, 2, 0, 0)])
         else:
             recs = run(GraphShape(GraphKind.DECODE, 2), [rows[0], rows[1]], 6)
             for h in (2, 3, 4):
@@ -221,17 +223,17 @@ def test_padding_and_inactive_rows_leave_the_cache_untouched(loaded):
 
 
 def test_role_validation(loaded):
-    """Prompt rows beyond C together or alone or claiming a first token they cannot sample, decode rows
-    wider than W: each is a clear error, and nothing runs."""
+    """Two prompt rows in the spec's one-prompt-row shape, a prompt row beyond C or claiming a first token
+    it cannot sample, decode rows wider than W: each is a clear error, and nothing runs."""
     tok = loaded.tokenizer
     core = make_core(loaded)
     prefill(core, 0, chat(tok, QUESTIONS[0]))
     core.attach(1, chat(tok, QUESTIONS[1]))
     core.attach(2, chat(tok, QUESTIONS[2]))
     roles = (PlanMismatch, InvalidRequest)  # ScheduledPlan checks mixed roles as it is built
-    with pytest.raises(roles, match="prompt rows exceed their capacity"):  # 30 + 99 > C = 128
-        core.execute(plan(MIXED, [lane(1, 1, 0, 30, 0, 0), lane(2, 2, 0, 99, 0, 0)]), 1)
-    with pytest.raises(roles, match="prompt rows exceed their capacity"):
+    with pytest.raises(roles, match="at most one prompt row"):
+        core.execute(plan(MIXED, [lane(1, 1, 0, 5, 0, 0), lane(2, 2, 0, 5, 0, 0)]), 1)
+    with pytest.raises(roles, match="prompt row exceeds its capacity"):
         core.execute(plan(MIXED, [lane(1, 1, 0, 129, 0, 0), decode_lane(core, 0)]), 2)
     with pytest.raises(roles, match="1 output rows for a chunk that does not finish"):
         core.execute(plan(MIXED, [lane(1, 1, 0, 5, 0, 1), decode_lane(core, 0)]), 3)
