@@ -1,5 +1,5 @@
-"""Where first tokens go: the anatomy of TTFT for a few schedulers at one load (docs/scheduling-utility.md
-section 6, "Where Helios still loses").
+"""Where first tokens go: the anatomy of TTFT for a few schedulers at one load (its figures:
+docs/studies/2026-12-utility-study-log.md, "Where Helios still loses").
 
     python scripts/ttft_anatomy.py --trace azure --load 1.0 --schedulers 'sarathi,helios-balanced' [--seed 0]
 

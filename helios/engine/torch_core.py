@@ -4,7 +4,7 @@ It loads a Llama-family GGUF (SmolLM2-135M-Instruct by default) through helios.e
 prepares one static-shape graph per catalog shape (torch_graphs), keeps each request's state
 (prompt, sampling options and generator, pending token, committed length; torch_state), and
 executes plans: prefill chunks, ordinary decode, and complete speculative rounds with copy
-proposals verified losslessly (sampling, proposals). Mixed graphs (one prompt chunk and decode rows)
+proposals verified losslessly (sampling, proposals). Mixed graphs (prompt chunks and decode rows)
 and prefill plans whose rows need packing run as one packed forward (torch_packed, run by
 torch_packed_run).
 

@@ -1,15 +1,19 @@
-"""Packed graphs for TorchCore: a mixed graph (one prompt chunk plus decode rows) or a packed prefill
+"""Packed graphs for TorchCore: a mixed graph (prompt chunks plus decode rows) or a packed prefill
 graph as ONE token sequence, laid out by prefix sums of the rows' query lengths.
 
 Layout (the spec's "Mixed execution contract"):
-- row b's query length n_b is its prompt chunk (the prompt row, or every row of a prefill graph), its
-  pending token (an ordinary decode row) or its pending token and drafts (a copy-speculative row);
+- row b's query length n_b is its prompt chunk (a mixed graph's prompt row, or every row of a prefill
+  graph), its pending token (an ordinary decode row) or its pending token and drafts (a
+  copy-speculative row);
 - row b's tokens sit at packed offsets off_b .. off_b + n_b - 1 with off_b = n_0 + ... + n_(b-1), in lane
-  order and independent of slot ids; the prompt row sits at its own packed offset;
+  order and independent of slot ids; each prompt row sits at its own packed offset;
+- a mixed graph's prompt rows share its prompt capacity C as one packed budget: the spec's one prompt
+  row, or up to the shape's prompt_rows R (the extension of docs/scheduling-utility.md), none padded;
 - the query lengths travel as one tensor [B] (zero for inactive rows); the per-position slots are
   derived from it on the device, so no second per-token layout is uploaded;
-- the extent is the graph's maximum packed extent: C + (B - 1) W for a mixed graph, B x C for a
-  prefill graph, whose rows may each exceed C as long as they fit together;
+- the extent is the graph's maximum packed extent: C + (B - 1) W for a mixed graph (r >= 2 prompt rows
+  need at most C + (B - r) W, so the extent holds them too), B x C for a prefill graph, whose rows
+  may each exceed C as long as they fit together;
 - positions past the last row (unused capacity) write only the scratch slot: no state changes;
 - logits_at [B, S] names the packed positions each row samples from: the last prompt token for a
   prompt row (column 0), each of a decode row's positions for verification (columns 0 .. n_b - 1).
@@ -30,7 +34,7 @@ from helios.scheduler.plan import ScheduledPlan
 def packed_extent(shape: GraphShape) -> int:
     """Packed positions of a mixed or prefill graph (its maximum packed extent)."""
     if shape.kind is GraphKind.MIXED:
-        # The prompt row holds up to C tokens, each of the other B - 1 rows up to W.
+        # The prompt rows hold up to C tokens together, each of the other rows up to W.
         return shape.prefill_capacity + (shape.batch_capacity - 1) * shape.token_capacity
     if shape.kind.is_prefill:
         return shape.batch_capacity * shape.token_capacity
@@ -72,8 +76,10 @@ class PackedGraph:
         if len(rows) > B:
             raise ValueError(f"{len(rows)} rows do not fit batch capacity {B}")
         mixed = self.shape.kind is GraphKind.MIXED
-        if mixed and len(prompt_rows) > 1:
-            raise ValueError(f"rows {sorted(prompt_rows)} are prompt rows; a mixed graph has at most one")
+        prompt = sum(len(rows[b].tokens) for b in prompt_rows)
+        if mixed and (len(prompt_rows) > self.shape.prompt_rows or prompt > self.shape.prefill_capacity):
+            raise ValueError(f"prompt rows {sorted(prompt_rows)} hold {prompt} tokens; the graph takes at most "
+                             f"{self.shape.prompt_rows} prompt rows of {self.shape.prefill_capacity} tokens together")
         h = self.host
         h["tokens"].fill_(PAD_TOKEN)
         h["positions"].zero_()  # unused capacity: scratch slot, position 0

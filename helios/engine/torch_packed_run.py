@@ -1,5 +1,5 @@
-"""TorchCore's packed executions: a mixed graph (one prompt row with decode or copy-speculative
-rows) or a prefill plan whose rows need packing runs as ONE packed forward laid out by prefix sums
+"""TorchCore's packed executions: a mixed graph (prompt rows with decode or copy-speculative rows)
+or a prefill plan whose rows need packing runs as ONE packed forward laid out by prefix sums
 (torch_packed), and a mixed graph is timed on scratch rows. Functions of the core, as
 torch_state_ops is for state plans."""
 
@@ -27,7 +27,7 @@ def packed_graph(core, shape) -> PackedGraph:
 
 
 def execute_packed(core, plan: ScheduledPlan, works: list[LaneWork]) -> Execution:
-    """A mixed graph (one prompt row, decode or copy-speculative rows) or a prefill plan whose rows
+    """A mixed graph (its prompt rows, decode or copy-speculative rows) or a prefill plan whose rows
     need packing, as ONE packed forward laid out by prefix sums (torch_packed)."""
     graph = packed_graph(core, plan.shape)
     timer = DeviceTimer(core.device)
@@ -52,7 +52,7 @@ def execute_packed(core, plan: ScheduledPlan, works: list[LaneWork]) -> Executio
             logits = every[graph.buffers["logits_at"]]
         else:
             logits = graph.forward(core.model, core.cache)  # [B, S, V] at each row's sampled positions
-        # The row sampling mask: a prompt row samples only when it finishes; verified rows sample below.
+        # The row sampling mask: each prompt row samples only when it finishes; verified rows sample below.
         mask = tuple(m and not (verify and b < len(works) and b not in prompt)
                      for b, m in enumerate(packing.sample_mask))
         outputs = sample_outputs(works, logits[:, 0], dataclasses.replace(packing, sample_mask=mask), lps)
@@ -71,7 +71,8 @@ def execute_packed(core, plan: ScheduledPlan, works: list[LaneWork]) -> Executio
 
 
 def time_packed(core, shape, context: int) -> int:
-    """Time a mixed graph on scratch rows only: a full prompt row and full decode rows."""
+    """Time a mixed graph on scratch rows only: a full prompt row and full decode rows (the maximum
+    packed extent, which several prompt rows sharing C never exceed)."""
     graph = packed_graph(core, shape)
     w, c = shape.token_capacity, shape.prefill_capacity
     start = max(0, min(context, core.cache.max_context - c))

@@ -150,24 +150,27 @@ def validate_plan(plan: ScheduledPlan, requests: dict[int, CoreRequest], free_sl
 
 def _prompt_rows(plan: ScheduledPlan) -> frozenset[int]:
     """Indices of the lanes that consume prompt tokens: every lane of a prefill plan (packed by prefix
-    sums within B x C), the prompt row of a mixed plan (ScheduledPlan already holds a mixed plan to
-    at most one prompt row within C and decode rows within W)."""
+    sums within B x C), the prompt rows of a mixed plan (up to the shape's prompt_rows, packed by prefix
+    sums within C together; ScheduledPlan already holds a mixed plan to them and its decode rows
+    within W)."""
     shape, prompt = plan.shape, plan.lanes.prompt_tokens.tolist()
     if shape.kind.is_prefill:
-        if sum(prompt) > shape.batch_capacity * shape.token_capacity:
-            raise PlanMismatch(f"{sum(prompt)} prompt tokens exceed {shape.label()}'s packed capacity "
-                               f"{shape.batch_capacity * shape.token_capacity}")
-        return frozenset(range(len(prompt)))
-    row = plan.prefill_row
-    return frozenset() if row is None else frozenset({row})  # _check_decode names stray prompt tokens
+        capacity, rows = shape.batch_capacity * shape.token_capacity, range(len(prompt))
+    elif shape.kind is GraphKind.MIXED:
+        capacity, rows = shape.prefill_capacity, plan.prefill_rows
+    else:
+        return frozenset()  # _check_decode names stray prompt tokens
+    if sum(prompt) > capacity:
+        raise PlanMismatch(f"{sum(prompt)} prompt tokens exceed {shape.label()}'s packed capacity {capacity}")
+    return frozenset(rows)
 
 
 def _check_prefill(lane: Lane, r: CoreRequest, shape, max_context: int, slot: int, new: bool) -> LaneWork:
     h, start, n = lane.handle, lane.prompt_start, lane.prompt_tokens
     if r.generated:
         raise PlanMismatch(f"request {h}: prefill after its prompt was consumed")
-    # Prefill rows are packed by prefix sums (the plan's total is checked once); a mixed prompt row
-    # holds up to prefill_capacity tokens.
+    # Prefill rows and a mixed graph's prompt rows are packed by prefix sums (the plan's total is
+    # checked once, in _prompt_rows); one mixed prompt row holds up to prefill_capacity tokens.
     capacity = shape.prefill_capacity if shape.kind is GraphKind.MIXED else shape.batch_capacity * shape.token_capacity
     if not 1 <= n <= capacity:
         raise PlanMismatch(f"request {h}: {n} prompt tokens in a {capacity}-token chunk")

@@ -7,6 +7,7 @@ import torch
 
 from helios.engine.sampling import SamplingOptions
 from helios.engine.torch_graphs import PreparedGraph, RowWork
+from helios.engine.torch_packed import PackedGraph
 from helios.engine.torch_state import CoreRequest, PlanMismatch, validate_plan
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.scheduler import Lane, ScheduledPlan, SelectionReason
@@ -58,6 +59,27 @@ def test_round_packing_pending_token_then_drafts():
         g.pack([RowWork(0, (1, 2, 3, 4, 5), 0, True)])
     with pytest.raises(ValueError):
         g.pack([RowWork(0, (1,), 0, True)] * 3)
+
+
+def test_mixed_packing_lays_several_prompt_rows_by_prefix_sums_within_c():
+    """The extension past the spec's one prompt row: R = 2 prompt rows share C = 64, each at its own
+    prefix-sum offset with no padding between rows, inside the spec's extent C + (B - 1) W."""
+    g = PackedGraph(GraphShape(GraphKind.MIXED, 4, 1, 0, 0, 64, prompt_rows=2), SCRATCH)
+    assert g.extent == 64 + 3
+    rows = [RowWork(0, (5,), 10, True), RowWork(1, tuple(range(100, 130)), 0, False),
+            RowWork(2, tuple(range(200, 234)), 16, True), RowWork(3, (6,), 7, True)]
+    p = g.pack(rows, {1, 2})
+    assert p.query_lengths == (1, 30, 34, 1) and p.offsets == (0, 1, 31, 65, 66)
+    assert p.sample_mask == (True, False, True, True)  # the unfinished prompt chunk samples nothing
+    b = g.buffers
+    assert b["tokens"][1:31].tolist() == list(range(100, 130)) and b["tokens"][31:65].tolist() == list(range(200, 234))
+    assert b["positions"][31:65].tolist() == list(range(16, 50)) and b["positions"][65] == 7
+    assert b["logits_at"][:, 0].tolist() == [0, 30, 64, 65]  # each prompt row samples after its last token
+    assert b["query_lengths"].tolist() == [1, 30, 34, 1] and b["slots"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="at most 2 prompt rows of 64 tokens together"):
+        g.pack([RowWork(s, (1, 2), 0, True) for s in range(3)], {0, 1, 2})
+    with pytest.raises(ValueError, match="at most 2 prompt rows of 64 tokens together"):
+        g.pack([RowWork(0, tuple(range(30)), 0, True), RowWork(1, tuple(range(35)), 0, True)], {0, 1})
 
 
 def request(handle, prompt_len, kv_len=0, generated=(), slot=None):
