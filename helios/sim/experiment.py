@@ -30,6 +30,7 @@ from helios.sim.costmodel import CostModel, VidurCostModel
 from helios.sim.loop import Arrival, Simulation
 from helios.sim.metrics import NS_PER_S, SLO, RunMetrics, compute_metrics
 from helios.sim.prefix_cache import PrefixCache
+from helios.sim.slo_class import DEFAULT_CLASS_KEY, check_default_class, slo_table, with_default_class
 from helios.sim.synthetic_cost import SyntheticCostModel
 from helios.sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from helios.sim.workload import load_workload, rescale
@@ -142,7 +143,8 @@ def load_cost_model(name: str) -> CostModel:
 
 def split_variant(name: str) -> tuple[str, dict]:
     """"helios-balanced[stall_pricing=0,adaptation_ms=300]" -> the base name and the overrides of
-    PolicyConfig or StudyConfig fields (the ablation's variants; `variant_configs` splits them); a
+    PolicyConfig or StudyConfig fields (the ablation's variants; `variant_configs` splits them), and
+    `default_class=slo` (the report's SLO as the default class's targets, slo_class.py); a
     plain name has none. A `+reuse` suffix (`split_reuse`) is not part of the scheduler and is dropped."""
     name = split_reuse(name)[0]
     if not name.endswith("]") or "[" not in name:
@@ -153,6 +155,9 @@ def split_variant(name: str) -> tuple[str, dict]:
     overrides = {}
     for item in filter(None, body.split(",")):
         key, eq, text = item.partition("=")
+        if eq and key == DEFAULT_CLASS_KEY:  # not a config field: the class table of the run (slo_class.py)
+            overrides[key] = check_default_class(text, name)
+            continue
         if not eq or key not in defaults:
             raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: use field=value with a "
                               f"PolicyConfig or StudyConfig field")
@@ -177,6 +182,7 @@ def variant_configs(name: str) -> tuple[PolicyConfig, StudyConfig]:
     base, overrides = split_variant(name)
     policy = "throughput" if base.endswith("throughput") else "spec" if base == "helios-spec-table" else "balanced"
     study_fields = {f.name for f in dataclasses.fields(StudyConfig)}
+    overrides.pop(DEFAULT_CLASS_KEY, None)
     return (replace(preset(policy), **{k: v for k, v in overrides.items() if k not in study_fields}),
             replace(study_preset(policy), **{k: v for k, v in overrides.items() if k in study_fields}))
 
@@ -326,6 +332,11 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     sim = Simulation(sched, core, on_step=tick if bar is not None else None,
                      prefix_cache=prefix_cache_for(setup, scheduler), decisions=decisions)
+    if split_variant(scheduler)[1].get(DEFAULT_CLASS_KEY) is not None:
+        if arrivals is not None:
+            raise ConfigError("scheduler", f"{scheduler!r}: default_class=slo is for single-class traces; "
+                                           f"this workload's requests already carry their classes")
+        arrivals = with_default_class(to_arrivals(requests), slo_table(slo))
     sim.add(to_arrivals(requests) if arrivals is None else arrivals)
     try:
         sim.run()
