@@ -10,6 +10,7 @@ only output as service. The baselines are class-blind and take no such variant.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from helios.errors import ConfigError
@@ -38,7 +39,5 @@ def slo_table(slo: SLO) -> ClassTable:
 
 def with_default_class(arrivals: Sequence, table: ClassTable) -> list:
     """`arrivals` with every request in the table's default class (they name none)."""
-    from dataclasses import replace
-
     cls = table.service_class(None)
     return [replace(a, spec=replace(a.spec, service_class=cls)) for a in arrivals]
