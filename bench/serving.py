@@ -4,7 +4,10 @@ same run.
 
 Loads (every request streams, greedy, ignore_eos so each produces exactly --tokens tokens):
 - 1, 4 and 16 concurrent clients, each sending --rounds requests back to back with short prompts;
-- mixed: 4 clients with ~800-token prompts plus 12 with short ones, all at once.
+- mixed: 4 clients with ~800-token prompts plus 12 with short ones, all at once;
+- classes (flare only; bench/serving_classes.py): 12 batch-class clients with long generations keep
+  every slot busy (start flare with --slots 12), then interactive clients arrive; the same load with
+  service classes on and with every request in the default class, alternating.
 
 Reported per load and server: aggregate output tok/s (tokens over the load's wall time), TTFT
 p50/p99 (request sent -> first content chunk), and for the mixed load the short prompts' TTFT
@@ -223,11 +226,13 @@ async def main() -> None:
                     help="with --peer-url: run each load this many times on each server, alternating "
                          "peer, flare, peer, flare, ... (ratios are printed per pair, with their range)")
     ap.add_argument("--loads", default="1,4,16,mixed",
-                    help="which loads to run, comma-separated from 1, 4, 16, mixed (e.g. '1,16' to repeat the bar's ratio)")
+                    help="which loads to run, comma-separated from 1, 4, 16, mixed, classes (e.g. '1,16' to "
+                         "repeat the bar's ratio; classes is not in the default)")
+    ap.add_argument("--batch-tokens", type=int, default=256, help="classes load: output tokens per batch request")
     args = ap.parse_args()
     picked = set(args.loads.split(","))
-    if not picked or not picked <= {"1", "4", "16", "mixed"}:
-        ap.error(f"--loads: pick from 1, 4, 16, mixed; got {args.loads!r}")
+    if not picked or not picked <= {"1", "4", "16", "mixed", "classes"}:
+        ap.error(f"--loads: pick from 1, 4, 16, mixed, classes; got {args.loads!r}")
     if args.repeats < 1:
         ap.error("--repeats must be positive")
 
@@ -262,6 +267,12 @@ async def main() -> None:
                 print(f"[{name}] {row(server, results[name][server][-1], name.startswith('mixed'))}", flush=True)
                 if before is not None:
                     print(f"    graphs: {graph_mix(before, await graph_walls(u) or {})}", flush=True)
+        if "classes" in picked:  # flare only: --repeats pairs of (default, classes) runs
+            from serving_classes import ClassLoad, class_rows
+
+            load = ClassLoad(batch_tokens=args.batch_tokens, rounds=args.rounds, tokens=args.tokens)
+            for line in await class_rows(url, servers["flare"][1], load, args.repeats, pct, spread):
+                print(line, flush=True)
         print(f"load average at end: {os.getloadavg()[0]:.2f}\n")
         for server in servers if {"1 stream", "16 streams"} <= set(results) else ():
             one_s, sixteen = results["1 stream"][server][0], results["16 streams"][server][0]

@@ -17,8 +17,9 @@ A class changes a request's prices, not its queue:
   service: a chunk delivers nothing the target measures, so it does not lower the price;
 - its weight, times its tenant's share, multiplies f and g: the log-utility weight of the request.
 
-The scheduler carries these per request as RequestTable columns (log_w, tau_ms, output_only); the age
-cost and the tenant's 1/n share are computed here but not yet applied by the scheduler.
+The scheduler carries these per request as RequestTable columns (log_w, tau_ms, output_only), starts a
+mean-law window at tau_wait, and shares a named tenant's weight among its live classed requests
+(tenant_share.py); the age cost is computed here but not yet applied by the scheduler.
 
 Tenants: the tenant's weight W is shared by its n live requests, w_i = class weight * W / n. Then the
 sum over one tenant's requests of w_i log x_i, with equal rates x_i = X/n, is W log X - W log n: at a given

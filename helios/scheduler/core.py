@@ -131,12 +131,14 @@ class Scheduler:
         self.marks.stamp += 1  # validated: the table changes
         handle = self._next_handle
         self._next_handle += 1
-        # With the mean-rate law, the starting rate counts as one adaptation time of history.
-        window = self.policy.adaptation_ms if self.study.prompt_rate_law.mean_law else None
         # Its class changes its prices, not its queue (class_prices.py); the default class is priced
         # with the policy's coefficients.
         prices = class_prices(request.service_class, self.policy, request.prompt_tokens,
                               request.max_output_tokens, request.tenant_weight)
+        # With the mean-rate law, the starting rate counts as one adaptation time of history: the
+        # class's prompt-phase time (the policy's for the default class), so a waiting prompt's price
+        # grows as 1 + W / tau_wait, the class's own fraction of its target.
+        window = prices.wait_tau_ms if self.study.prompt_rate_law.mean_law else None
         self.requests.add(handle, request, self._starting_log_rate(), window, prices, self.policy.adaptation_ms)
         self.prereqs.admitted(handle, request, checked, self.costs.estimate_ns)
         return handle

@@ -17,7 +17,9 @@ import numpy as np
 from helios.scheduler.class_prices import ClassPrices
 from helios.scheduler.plan import NO_SLOT, FinishReason, RequestHandle
 from helios.scheduler.request_spec import RequestSpec
+from helios.scheduler.service_class import DEFAULT_TENANT
 from helios.scheduler.speculation import SpeculationColumns
+from helios.scheduler.tenant_share import TenantShares
 from helios.scheduler.utility import count_nonzero
 
 
@@ -37,9 +39,10 @@ _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "pr
 # resident_ns: when the request last got its slot (first commit or restore), for the preemption quantum.
 # rate_window_ms: the averaging window of a prompt-phase mean rate (service.mean_rate_log); NaN on the EWMA.
 # Class prices (class_prices.py): log_w the log-utility weight, tau_ms the adaptation time of the
-# row's current phase (the prompt phase's until the prompt is consumed, then the stream's).
+# row's current phase (the prompt phase's until the prompt is consumed, then the stream's); log_w_own
+# the weight before the tenant's 1/n share (tenant_share.py).
 _FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms", "log_w", "tau_ms",
-                  "stream_tau_ms")
+                  "stream_tau_ms", "log_w_own")
 # priced: the row's class prices differ from the policy's (counted in RequestTable.class_rows);
 # output_only: its prompt chunks are no service (ClassPrices.output_only).
 _BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",
@@ -105,6 +108,7 @@ class RequestTable:
         # Held rows whose class prices differ from the policy's. While none does, every reader takes
         # the policy's scalar tau and no weight: today's arithmetic, value for value.
         self.class_rows = 0
+        self.shares = TenantShares()  # the tenants' 1/n shares, over the classed rows only
         for name in _INT_COLUMNS:
             setattr(self, name, np.zeros(0, dtype=np.int64))
         for name in _FLOAT_COLUMNS:
@@ -172,11 +176,15 @@ class RequestTable:
             self.priced[row] = (prices.weight != 1.0 or prices.wait_tau_ms != tau_ms
                                 or prices.stream_tau_ms != tau_ms or prices.output_only)
             self.class_rows += bool(self.priced[row])
+            self.log_w_own[row] = self.log_w[row]
+            if self.priced[row] and spec.client != DEFAULT_TENANT:  # anonymous: each its own tenant
+                self.shares.join(self, row, spec.client)
         self.update_phase(np.array([row]))
         return row
 
     def remove(self, row: int) -> None:
         del self.index[int(self.handle[row])]
+        self.shares.leave(self, (row,))  # done rows have left already: a no-op
         self.occupied[row] = False
         self.class_rows -= bool(self.priced[row])
         self.priced[row] = False
@@ -291,6 +299,8 @@ class RequestTable:
         if self.class_rows:  # a consumed prompt: the stream phase's adaptation time from now on
             streaming = rows[decode]
             self.tau_ms[streaming] = self.stream_tau_ms[streaming]
+            if done.any():  # done requests leave their tenant's share
+                self.shares.leave(self, rows[done & self.priced[rows]].tolist())
         if self.mean_law_rows:  # leaving the prompt phase ends the mean-rate law
             self.leave_mean_law(rows[self.phase[rows] != PREFILL])
 

@@ -31,6 +31,7 @@ from helios.sim.costmodel import CostModel, VidurCostModel
 from helios.sim.loop import Arrival, Simulation
 from helios.sim.metrics import NS_PER_S, SLO, RunMetrics, compute_metrics
 from helios.sim.prefix_cache import PrefixCache
+from helios.sim.slo_class import DEFAULT_CLASS_KEY, check_default_class, slo_table, with_default_class
 from helios.sim.synthetic_cost import SyntheticCostModel
 from helios.sim.traces import MOONCAKE_BLOCK_TOKENS, TraceRequest
 from helios.sim.workload import load_workload, rescale
@@ -160,7 +161,8 @@ ENGINE_FIELD = "mixed_prompt_rows"  # a variant field of the engine's catalog, n
 
 def split_variant(name: str) -> tuple[str, dict]:
     """"helios-balanced[stall_pricing=0,adaptation_ms=300]" -> the base name and the overrides of
-    PolicyConfig or StudyConfig fields (the ablation's variants; `variant_configs` splits them); a
+    PolicyConfig or StudyConfig fields (the ablation's variants; `variant_configs` splits them), and
+    `default_class=slo` (the report's SLO as the default class's targets, slo_class.py); a
     plain name has none. A `+reuse` suffix (`split_reuse`) is not part of the scheduler and is dropped.
     `mixed_prompt_rows=N` (ENGINE_FIELD) sets that run's catalog instead (`Setup.prompt_rows_for`)."""
     name = split_reuse(name)[0]
@@ -173,6 +175,9 @@ def split_variant(name: str) -> tuple[str, dict]:
     overrides = {}
     for item in filter(None, body.split(",")):
         key, eq, text = item.partition("=")
+        if eq and key == DEFAULT_CLASS_KEY:  # not a config field: the class table of the run (slo_class.py)
+            overrides[key] = check_default_class(text, name)
+            continue
         if not eq or key not in defaults:
             raise ConfigError("scheduler", f"bad variant {item!r} in {name!r}: use field=value with a "
                               f"PolicyConfig or StudyConfig field, or {ENGINE_FIELD}")
@@ -204,6 +209,7 @@ def variant_configs(name: str) -> tuple[PolicyConfig, StudyConfig]:
     policy = "throughput" if base.endswith("throughput") else "spec" if base == "helios-spec-table" else "balanced"
     study_fields = {f.name for f in dataclasses.fields(StudyConfig)}
     overrides.pop(ENGINE_FIELD, None)  # the catalog's, not the scheduler's (Setup.prompt_rows_for)
+    overrides.pop(DEFAULT_CLASS_KEY, None)
     return (replace(preset(policy), **{k: v for k, v in overrides.items() if k not in study_fields}),
             replace(study_preset(policy), **{k: v for k, v in overrides.items() if k in study_fields}))
 
@@ -353,6 +359,11 @@ def run_workload(scheduler: str, requests: Sequence[TraceRequest], setup: Setup,
 
     sim = Simulation(sched, core, on_step=tick if bar is not None else None,
                      prefix_cache=prefix_cache_for(setup, scheduler), decisions=decisions)
+    if split_variant(scheduler)[1].get(DEFAULT_CLASS_KEY) is not None:
+        if arrivals is not None:
+            raise ConfigError("scheduler", f"{scheduler!r}: default_class=slo is for single-class traces; "
+                                           f"this workload's requests already carry their classes")
+        arrivals = with_default_class(to_arrivals(requests), slo_table(slo))
     sim.add(to_arrivals(requests) if arrivals is None else arrivals)
     try:
         sim.run()
