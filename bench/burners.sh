@@ -29,10 +29,14 @@ for url in "http://127.0.0.1:$LLAMA_PORT/v1/models" "http://127.0.0.1:$FLARE_POR
   until curl -sf "$url" >/dev/null; do sleep 2; done
 done
 
+first=0
 run() {  # $1: label; the burner (if any) is already running
   echo "== $1 (load average $(cut -d' ' -f1 /proc/loadavg))"
+  # Each condition sends new prompts: the servers keep running, and llama-server's slots would
+  # otherwise answer a later condition's prompts from their prompt caches.
   $PY bench/serving.py --flare-url "http://127.0.0.1:$FLARE_PORT/v1" --peer-url "http://127.0.0.1:$LLAMA_PORT/v1" \
-    --loads 1,16 --repeats "$REPEATS" | grep -E '^\[|^flare/peer|^load'
+    --loads 1,16 --repeats "$REPEATS" --first-repeat "$first" | grep -E '^\[|^flare/peer|^load'
+  first=$((first + REPEATS))
 }
 
 run "no burner"

@@ -225,6 +225,9 @@ async def main() -> None:
     ap.add_argument("--repeats", type=int, default=1,
                     help="with --peer-url: run each load this many times on each server, alternating "
                          "peer, flare, peer, flare, ... (ratios are printed per pair, with their range)")
+    ap.add_argument("--first-repeat", type=int, default=0,
+                    help="number the prompt sets from this repeat on, so a run against servers that already "
+                         "served earlier runs (bench/burners.sh) sends none of their prompts again")
     ap.add_argument("--loads", default="1,4,16,mixed",
                     help="which loads to run, comma-separated from 1, 4, 16, mixed, classes (e.g. '1,16' to "
                          "repeat the bar's ratio; classes is not in the default)")
@@ -235,6 +238,8 @@ async def main() -> None:
         ap.error(f"--loads: pick from 1, 4, 16, mixed, classes; got {args.loads!r}")
     if args.repeats < 1:
         ap.error("--repeats must be positive")
+    if args.first_repeat < 0:
+        ap.error("--first-repeat must be zero or more")
 
     proc = None
     url = args.flare_url
@@ -261,7 +266,7 @@ async def main() -> None:
                 u, model = servers[server]
                 # The i-th run on each server gets the i-th prompt set: a pair shares its prompts,
                 # and no run repeats one an earlier run sent (distinct).
-                prompts = loads(args.rounds, len(results[name][server]))[name]
+                prompts = loads(args.rounds, args.first_repeat + len(results[name][server]))[name]
                 before = await graph_walls(u) if server == "flare" else None
                 results[name][server].append(await run_load(u, model, prompts, args.tokens))
                 print(f"[{name}] {row(server, results[name][server][-1], name.startswith('mixed'))}", flush=True)
