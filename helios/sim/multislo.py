@@ -234,3 +234,22 @@ def rescale_requests(requests: Sequence[MultiRequest], scale: float) -> list[Mul
     if not scale > 0:
         raise ConfigError("scale", f"must be positive, got {scale}")
     return [replace(r, arrival_ns=int(round(r.arrival_ns / scale))) for r in requests]
+
+
+def deadline_only(workload: MultiWorkload) -> set[str]:
+    """The classes that state a completion deadline and no first-token or gap target (batch)."""
+    return {name for name, c in workload.classes.items() if set(c.ms) | set(c.scale) <= {"deadline"}}
+
+
+def without_deadline_only(workload: MultiWorkload) -> MultiWorkload:
+    """The mix without its deadline-only classes and their streams (bench/multislo_headroom.py: what
+    the classes with first-token or gap targets allow by themselves); a ConfigError when nothing is left."""
+    drop = deadline_only(workload)
+    streams = tuple(s for s in workload.streams if s.service_class not in drop)
+    if not streams:
+        raise ConfigError("workload", "every stream is deadline-only: nothing left to measure")
+    if workload.streams[:len(streams)] != streams:
+        # Each stream's draws follow its position (build_requests), so the kept streams must keep theirs.
+        raise ConfigError("workload", "list the deadline-only streams after the others: each stream draws its "
+                                      "requests by its position, so removing an earlier one would change the rest")
+    return replace(workload, streams=streams, classes={k: v for k, v in workload.classes.items() if k not in drop})

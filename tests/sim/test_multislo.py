@@ -15,8 +15,8 @@ from helios.sim.class_metrics import class_metrics, meets_class, prepare, resolv
 from helios.sim.experiment import Setup
 from helios.sim.loop import RequestLog
 from helios.sim.metrics import NS_PER_S, goodput_sweep
-from helios.sim.multislo import (SHARED, SHARED_MAPPING, build_requests, load_workload_file, rescale_requests,
-                                 workload_from_mapping)
+from helios.sim.multislo import (SHARED, SHARED_MAPPING, build_requests, deadline_only, load_workload_file,
+                                 rescale_requests, without_deadline_only, workload_from_mapping)
 
 MS = 1_000_000
 
@@ -188,3 +188,31 @@ def test_cli_runs_a_workload_file(tmp_path, capsys):
                  "--sweep", "0.5", "--refine", "1", "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| edf |" in text and "chat" in text
+
+
+def test_without_deadline_only_keeps_every_other_request_unchanged():
+    # The headroom bench (bench/multislo_headroom.py) compares a mix with itself minus its batch work:
+    # only the deadline-only classes and their streams may go, and each remaining stream must draw the
+    # same requests (each stream has its own random draws), or the two goodputs would not compare.
+    assert deadline_only(SHARED) == {"batch"}
+    trimmed = without_deadline_only(SHARED)
+    assert set(trimmed.classes) == {"premium", "chat", "summarize"}
+    assert [s.name for s in trimmed.streams] == ["premium", "chat", "summarize"]
+    whole = [r for r in build_requests(SHARED, seed=3) if r.service_class != "batch"]
+    assert build_requests(trimmed, seed=3) == whole
+    # A class with a deadline and another target is not deadline-only.
+    mapping = copy.deepcopy(SHARED_MAPPING)
+    mapping["classes"]["batch"]["gap_scale"] = 50.0
+    assert deadline_only(workload_from_mapping(mapping)) == set()
+
+
+def test_a_mix_of_only_deadline_classes_has_nothing_left_to_measure():
+    mapping = {"classes": {"batch": {"deadline_ms": 60_000}},
+               "streams": [{"name": "b", "trace": "sharegpt", "class": "batch", "rate": 1.0}]}
+    with pytest.raises(ConfigError, match="deadline-only"):
+        without_deadline_only(workload_from_mapping(mapping))
+    # A deadline-only stream before a kept one: removing it would shift the kept stream's draws.
+    mapping = copy.deepcopy(SHARED_MAPPING)
+    mapping["streams"].insert(0, mapping["streams"].pop())
+    with pytest.raises(ConfigError, match="after the others"):
+        without_deadline_only(workload_from_mapping(mapping))
