@@ -9,6 +9,7 @@ requests, mixed graphs for Helios) and prints, from the simulator's step and req
 - output gaps (mean, p90) and how long a request decodes (first to last token, mean);
 - TTFT split into the wait for the request's first graph and the time from there to its first token;
 - the decode-only graphs that ran while some arrived prompt still had no first token;
+- the graphs that carried prompt tokens, their device time and the prompt tokens each carried on average;
 - for the requests that missed the TTFT SLO, where their time went: the wait for their first graph,
   the wait before their final prompt chunk (from the end of the graph before it), and the rest (the
   chunks themselves and the other waits between them).
@@ -27,8 +28,9 @@ from helios.sim.workload import load_workload, rescale, window_for
 
 
 def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int,
-            prefill_capacity: int | None = None) -> tuple[str, str]:
-    setup = setup_from_flags(mixed_prefill=True, prefill_capacity=prefill_capacity)  # None: the default
+            prefill_capacity: int | None = None, mixed_prompt_capacity: int | None = None) -> tuple[str, str]:
+    setup = setup_from_flags(mixed_prefill=True, prefill_capacity=prefill_capacity,  # None: the default
+                             mixed_prompt_capacity=mixed_prompt_capacity)
     window_s = window_for(trace, min_requests, max_context=setup.max_context)
     base = load_workload(trace, window_s, seed=0)
     scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)
@@ -58,6 +60,14 @@ def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: in
     np.add.at(waiting, np.searchsorted(starts, arrival), 1)
     np.add.at(waiting, np.searchsorted(starts, first_token), -1)
     decode = np.array([s.label.startswith("decode") for s in steps]) & (np.cumsum(waiting)[:-1] > 0)
+    # Prompt throughput: the prompt tokens each graph carried (a request's prefill records end with the
+    # graph that ran them), over the graphs that carried any and their device time.
+    carried: dict[int, int] = {}
+    for log in r.sim.logs.values():
+        for end_ns, tokens in log.prefills:
+            carried[end_ns] = carried.get(end_ns, 0) + tokens
+    tokens = np.array([carried.get(s.end_ns, 0) for s in steps])
+    bearing = tokens > 0
 
     # The wait before the final chunk: from the end of the request's previous graph to the start of
     # the one that produced its first token (zero for a prompt served in one graph).
@@ -75,7 +85,9 @@ def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: in
              f"{mean(ttft - wait - final)} | {np.median(final):,.0f} / {np.percentile(final, 90):,.0f} |")
     return (f"| `{scheduler}` | {durations.sum() / 1e3:,.0f} | {len(steps):,} | {durations.mean():.0f} | "
             f"{gaps.mean():.1f} / {np.percentile(gaps, 90):.0f} | {life.mean():.2f} | {spread(wait)} | "
-            f"{spread(prompt)} | {int(decode.sum()):,} ({durations[decode].sum() / 1e3:,.0f} s) |"), split
+            f"{spread(prompt)} | {int(decode.sum()):,} ({durations[decode].sum() / 1e3:,.0f} s) | "
+            f"{int(bearing.sum()):,} ({durations[bearing].sum() / 1e3:,.0f} s), "
+            f"{tokens[bearing].mean() if bearing.any() else 0:.0f} |"), split
 
 
 def main() -> None:
@@ -86,14 +98,16 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--min-requests", type=int, default=1000)
     ap.add_argument("--prefill-capacity", type=int, help="the most prompt tokens in one prefill graph (flare sim report's flag)")
+    ap.add_argument("--mixed-prompt-capacity", type=int, help="the largest mixed prompt chunk (flare sim report's flag)")
     args = ap.parse_args()
     print("| scheduler | busy s | graphs | mean graph ms | gap mean / p90 ms | decoding s | "
           "wait for first graph p50 / mean / p90 ms | first graph to first token p50 / mean / p90 ms | "
-          "decode-only graphs while prompts waited |")
-    print("|---|---:|---:|---:|---|---:|---|---|---|")
+          "decode-only graphs while prompts waited | prompt-bearing graphs (s), prompt tokens per graph |")
+    print("|---|---:|---:|---:|---|---:|---|---|---|---|")
     splits = []
     for name in _names(args.schedulers):
-        row, split = anatomy(args.trace, name, args.load, args.seed, args.min_requests, args.prefill_capacity)
+        row, split = anatomy(args.trace, name, args.load, args.seed, args.min_requests, args.prefill_capacity,
+                              args.mixed_prompt_capacity)
         print(row, flush=True)
         splits.append(split)
     print("\n| scheduler | missed the TTFT SLO | their mean TTFT ms | = wait for first graph | + wait before the "

@@ -61,11 +61,12 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--prefill-capacity", type=int, help="the most prompt tokens in one prefill graph (flare sim report's flag)")
     ap.add_argument("--mixed-prompt-capacity", type=int, help="the largest mixed prompt chunk (flare sim report's flag)")
+    ap.add_argument("--cost-model", help="the cost model (flare sim report's flag; default h100-70b)")
     ap.add_argument("--min-requests", type=int, default=0,
                     help="the report's windows: each trace's shortest start holding this many requests")
     a = ap.parse_args()
     engine = {"mixed_prefill": a.mixed_prefill, "prefill_capacity": a.prefill_capacity,
-              "mixed_prompt_capacity": a.mixed_prompt_capacity}
+              "mixed_prompt_capacity": a.mixed_prompt_capacity, "cost_model": a.cost_model}
     jobs = [(t, s, float(load), a.window_s, int(seed), a.min_requests, engine)
             for t in a.traces.split(",")
             for s in a.schedulers for load in a.loads.split(",") for seed in a.seeds.split(",")]
