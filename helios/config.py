@@ -209,6 +209,10 @@ class StudyConfig:
     # Outside the spec (which rules duration ceilings out): drop a prefill candidate when the
     # oldest decoder's age + T + one decode step would exceed this many ms. None: off.
     stall_bound_ms: float | None = None
+    # Outside the spec, likewise: the same drop, with each decoder's own bound this fraction of the gap
+    # target its service class states (docs/scheduling-utility.md, "The class gap bound"); decoders of
+    # classes that state none keep stall_bound_ms (or no bound). None: off.
+    class_gap_bound: float | None = None
     # How acceptance estimates read their observations; CONDITIONAL departs from the spec's
     # untrained 0.5^d and "unobserved suffixes retain their means" (docs/speculation.md).
     acceptance_estimate: AcceptanceEstimate = AcceptanceEstimate.CONDITIONAL
@@ -227,6 +231,11 @@ class StudyConfig:
         if bound is not None and (isinstance(bound, bool) or not isinstance(bound, (int, float))
                                   or not math.isfinite(bound) or bound <= 0):
             raise ConfigError("stall_bound_ms", f"must be positive, or None to disable the bound, got {bound!r}")
+        share = self.class_gap_bound
+        if share is not None and (isinstance(share, bool) or not isinstance(share, (int, float))
+                                  or not 0 < share <= 1):
+            raise ConfigError("class_gap_bound", f"must be a fraction in (0, 1] of the class's gap target, or None "
+                                                 f"to disable it, got {share!r}")
 
     @staticmethod
     def spec() -> "StudyConfig":

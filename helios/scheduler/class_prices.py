@@ -48,6 +48,8 @@ GAP_ADAPTATIONS = 7.5  # gap target / tau_stream          (379 ms / 50 ms)
 class ClassPrices:
     """One request's price coefficients: `weight` multiplies f and g, `wait_tau_ms` and `stream_tau_ms`
     are its prompt-phase and stream-phase adaptation times, `decode_age_price` its age cost c.
+    `gap_target_ms`: the gap target the class states (not one a deadline implies), which only the
+    off-by-default `StudyConfig.class_gap_bound` reads.
     `output_only`: its prompt phase counts only output as service (a first-token target: a prompt
     chunk delivers nothing the target measures, so it does not lower the price)."""
 
@@ -56,6 +58,7 @@ class ClassPrices:
     stream_tau_ms: float
     decode_age_price: float
     output_only: bool = False
+    gap_target_ms: float | None = None  # the class's stated gap target (StudyConfig.class_gap_bound)
 
 
 def class_targets(cls: ServiceClass, prompt_tokens: int, max_output_tokens: int) -> tuple[float | None, float | None]:
@@ -87,7 +90,7 @@ def class_prices(cls: ServiceClass, policy: PolicyConfig, prompt_tokens: int, ma
     dilation = stream_tau / tau  # the class's time unit in the policy's
     weight = request_weight(cls, tenant_weight, tenant_requests)
     return ClassPrices(weight, wait_tau, stream_tau, weight * policy.decode_age_price / (dilation * dilation),
-                       first is not None)
+                       first is not None, cls.gap_ms)
 
 
 def waiting_log_price(log_f: float, log_x: float, prices: ClassPrices, wait_ms: float,

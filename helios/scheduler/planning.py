@@ -242,10 +242,9 @@ def _prompt_pools(t: RequestTable, rows, pre, handles, log_prefill, log_output, 
         prompts.stall_total, prompts.tau_ms = stall_total, policy.adaptation_ms  # a prompt serves no decoder
         if defer_prompts:
             prompts.deferred = decode_pool.deferred
-        if study.stall_bound_ms is not None:
+        if study.stall_bound_ms is not None or study.class_gap_bound is not None:
             prompts.stall_step_ms = decode.steps[1] or 0.0  # the fastest delivery-bearing graph
-            prompts.stall_bound_ms = _stall_headroom(study.stall_bound_ms, t, rows[act], start_ns,
-                                                     prompts.stall_step_ms)
+            prompts.stall_bound_ms = _stall_headroom(study, t, rows[act], start_ns, prompts.stall_step_ms)
         prefill[kind] = (prompts, prow)
     return prefill
 
@@ -279,13 +278,18 @@ def _add_speculation(pool: LanePool, t: RequestTable, rows: np.ndarray, extra_va
     pool.limit = np.minimum(t.output_left(rows), max_context - t.context_tokens(rows))
 
 
-def _stall_headroom(bound_ms: float, t: RequestTable, active_rows: np.ndarray, start_ns: int,
+def _stall_headroom(study: StudyConfig, t: RequestTable, active_rows: np.ndarray, start_ns: int,
                     step_ms: float) -> float | None:
-    """The off-by-default duration bound (`StudyConfig.stall_bound_ms`, outside the spec): how
-    long a prefill may run so that the oldest decoder's age + T + one decode step (`step_ms`, the
-    fastest) stays within the bound. None when no decoder is active (nothing to stall)."""
+    """The off-by-default duration bounds (`StudyConfig.stall_bound_ms`, `class_gap_bound`, outside
+    the spec): how long a prefill may run so that every decoder's age + T + one decode step
+    (`step_ms`, the fastest) stays within its bound. None when no active decoder has one."""
     known = active_rows[t.has_publication[active_rows]]
     if not len(known):
         return None
-    oldest = max(0.0, (start_ns - float(t.last_publication_ns[known].min())) / 1e6)
-    return bound_ms - oldest - step_ms
+    ages = np.maximum(0.0, (start_ns - t.last_publication_ns[known].astype(np.float64)) / 1e6)
+    bound = np.full(len(known), math.inf if study.stall_bound_ms is None else float(study.stall_bound_ms))
+    if study.class_gap_bound is not None:  # a stated gap target binds its decoder (NaN: none stated)
+        own = study.class_gap_bound * t.gap_target_ms[known]
+        bound = np.where(np.isnan(own), bound, np.minimum(bound, own))
+    headroom = float((bound - ages).min())
+    return None if headroom == math.inf else headroom - step_ms

@@ -40,9 +40,10 @@ _INT_COLUMNS = ("handle", "epoch", "version", "prompt_tokens", "max_output", "pr
 # rate_window_ms: the averaging window of a prompt-phase mean rate (service.mean_rate_log); NaN on the EWMA.
 # Class prices (class_prices.py): log_w the log-utility weight, tau_ms the adaptation time of the
 # row's current phase (the prompt phase's until the prompt is consumed, then the stream's); log_w_own
-# the weight before the tenant's 1/n share (tenant_share.py).
+# the weight before the tenant's 1/n share (tenant_share.py). gap_target_ms: the class's stated gap
+# target, NaN without one (StudyConfig.class_gap_bound).
 _FLOAT_COLUMNS = ("log_x", "log_z", "pending_delta_ms", "pending_log_z", "rate_window_ms", "log_w", "tau_ms",
-                  "stream_tau_ms", "log_w_own")
+                  "stream_tau_ms", "log_w_own", "gap_target_ms")
 # priced: the row's class prices differ from the policy's (counted in RequestTable.class_rows);
 # output_only: its prompt chunks are no service (ClassPrices.output_only).
 _BOOL_COLUMNS = ("occupied", "cancelled", "finished", "host_feedback", "score_prompt", "has_endpoints",
@@ -167,6 +168,8 @@ class RequestTable:
         self.pending_batch = None
         self.rate_window_ms[row] = np.nan if window_ms is None else window_ms
         self.mean_law_rows += window_ms is not None
+        gap = None if prices is None else prices.gap_target_ms
+        self.gap_target_ms[row] = np.nan if gap is None else gap
         if prices is None:
             self.log_w[row], self.tau_ms[row], self.stream_tau_ms[row] = 0.0, tau_ms, tau_ms
         else:

@@ -65,6 +65,8 @@ class EngineOptions:
     preemption_price_ratio: float | None = None
     # A client's share of the running slots (helios.scheduler.slot_share), Helios scheduler only.
     slot_share: bool = True
+    # Outside the spec, off by default: StudyConfig.class_gap_bound (Helios scheduler only).
+    class_gap_bound: float | None = None
 
 
 @dataclass(slots=True)
@@ -219,8 +221,11 @@ def _with_preemption(options, config):
 
 def _scheduler(options, catalog, policy, config):
     try:
-        if options.scheduler == "helios":  # the preset's study switches (none is a flag of flare run)
-            return make_scheduler("helios", catalog, policy, config, study=study_preset(options.policy))
+        if options.scheduler == "helios":  # the preset's study switches, and --class-gap-bound
+            study = dataclasses.replace(study_preset(options.policy), class_gap_bound=options.class_gap_bound)
+            return make_scheduler("helios", catalog, policy, config, study=study)
+        if options.class_gap_bound is not None:
+            raise ConfigError("class_gap_bound", f"applies to --scheduler helios only, not {options.scheduler}")
         return make_scheduler(options.scheduler, catalog, policy, config)
     except ConfigError as exc:
         if exc.field != "catalog":

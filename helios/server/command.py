@@ -26,7 +26,7 @@ _FLAGS = {
     "max_context": "--max-context", "model": "--model", "engine": "--engine", "device": "--device",
     "weights": "--weights", "tensor_parallel": "--tensor-parallel", "preemption": "--preemption",
     "mixed_prompt_steps": "--mixed-prompt-steps", "mixed_prompt_capacity": "--mixed-prompt-capacity",
-    "mixed_prompt_rows": "--mixed-prompt-rows",
+    "mixed_prompt_rows": "--mixed-prompt-rows", "class_gap_bound": "--class-gap-bound",
     "preemption_quantum_ms": "--preemption-quantum-ms", "preemption_price_ratio": "--preemption-price-ratio",
     "chat_template": "--chat-template",
 }
@@ -150,6 +150,11 @@ def add_arguments(run: argparse.ArgumentParser) -> None:
                         "fewest, and with preemption on a waiting request pauses a running generation of a client "
                         "that would still hold at least as many; a lone client still uses every slot. off: "
                         "requests compete for slots by price alone (docs/server.md, \"Bad clients\")")
+    g.add_argument("--class-gap-bound", type=float, metavar="F",
+                   help="off by default (outside the spec): never run a prompt-bearing graph that would hold a "
+                        "streaming request past F (0 < F <= 1) times the gap target its service class states "
+                        "(--service-classes); classes without a gap target are not bounded "
+                        "(docs/server.md, \"Service classes\")")
     g.add_argument("--mtp-adaptive-verification-alpha", type=positive_float, metavar="ALPHA",
                    help="exponent on prefix-survival estimates in speculative scores (> 0, default 1)")
     g = run.add_argument_group("HTTP limits")
@@ -223,7 +228,7 @@ def run(args: argparse.Namespace) -> int:
             mixed_prompt_steps=args.mixed_prompt_steps, mixed_prompt_capacity=args.mixed_prompt_capacity,
             mixed_prompt_rows=args.mixed_prompt_rows,
             scored_prefill=args.scored_prefill,
-            slot_share=args.slot_share == "fair",
+            slot_share=args.slot_share == "fair", class_gap_bound=args.class_gap_bound,
             checkpoint_memory_mib=args.checkpoint_memory, preemption=args.preemption,
             preemption_quantum_ms=args.preemption_quantum_ms, preemption_price_ratio=args.preemption_price_ratio)
         template = load_chat_template(args.chat_template) if args.chat_template else None

@@ -60,6 +60,7 @@ def test_each_documented_deviation_is_one_switch_away():
 def test_study_switches_are_validated():
     assert StudyConfig().phase_normalized and StudyConfig().stall_pricing
     assert StudyConfig().stall_bound_ms is None and not StudyConfig().gradient_prompt_price
+    assert StudyConfig().class_gap_bound is None and StudyConfig.spec().class_gap_bound is None
     for bad in (1, "yes", None):
         with pytest.raises(ConfigError, match="stall_pricing"):
             StudyConfig(stall_pricing=bad)

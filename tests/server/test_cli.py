@@ -44,6 +44,8 @@ from .support import FlareServer, metrics, value, wait_for, wait_resources_free
     (["--mixed-prefill", "--mixed-prompt-capacity", "512", "--engine", "sim"], "--mixed-prompt-capacity"),
     (["--mixed-prompt-rows", "0"], "--mixed-prompt-rows"),
     (["--mixed-prefill", "--mixed-prompt-rows", "65", "--engine", "sim"], "--mixed-prompt-rows"),
+    (["--class-gap-bound", "1.5", "--engine", "sim"], "--class-gap-bound"),
+    (["--class-gap-bound", "0.9", "--engine", "sim", "--scheduler", "sarathi"], "--class-gap-bound"),
 ])
 def test_invalid_flags_exit_2_with_one_line(capsys, argv, flag):
     try:
@@ -123,6 +125,16 @@ def test_mixed_prompt_rows_reach_the_catalog():
     assert {r for _, r in rows()} == {1}
     assert build_parser().parse_args(["run", "--mixed-prompt-rows", "3"]).mixed_prompt_rows == 3
     assert all(r == min(3, b) for b, r in rows(mixed_prompt_rows=3))
+
+
+def test_class_gap_bound_reaches_the_scheduler_and_is_off_by_default():
+    """--class-gap-bound F (outside the spec): StudyConfig.class_gap_bound; unset, the spec's behaviour."""
+    from helios.server import EngineOptions, build_backend
+
+    assert build_parser().parse_args(["run"]).class_gap_bound is None
+    assert build_parser().parse_args(["run", "--class-gap-bound", "0.9"]).class_gap_bound == 0.9
+    assert build_backend(EngineOptions(engine="sim")).scheduler.study.class_gap_bound is None
+    assert build_backend(EngineOptions(engine="sim", class_gap_bound=0.9)).scheduler.study.class_gap_bound == 0.9
 
 
 def test_preemption_flags_reach_the_helios_scheduler_only():
