@@ -19,23 +19,18 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 
 from helios.cli import _names
-from helios.sim.class_metrics import prepare, run_mix
 from helios.sim.experiment import setup_from_flags
-from helios.sim.metrics import goodput_sweep
 from helios.sim.multislo import deadline_only, without_deadline_only, workload_named
-
-SWEEP = (0.2, 0.4, 0.6, 0.8, 1.0, 1.4, 2.0)
+from helios.sim.multislo_report import MixReportConfig, run_task
 
 
 def goodput_scale(scheduler: str, seed: int, workload_name: str, trimmed: bool, mixed: bool) -> float:
-    setup = setup_from_flags(mixed_prefill=mixed)
     workload = workload_named(workload_name)
     if trimmed:
         workload = without_deadline_only(workload)
-    mix = prepare(workload, setup, seed)
-    g = goodput_sweep(lambda s: run_mix(scheduler, mix, setup, scale=s, seed=seed)[0], SWEEP,
-                      target=workload.target, refine=8, resolution=0.05)
-    return g.scale or 0.0  # None: even the lowest scale failed
+    # The report's sweep and bisection, without its common-load runs.
+    cfg = MixReportConfig(workload, setup=setup_from_flags(mixed_prefill=mixed), loads=())
+    return run_task(scheduler, seed, cfg)["goodput_scale"] or 0.0  # None: even the lowest scale failed
 
 
 def main() -> None:
