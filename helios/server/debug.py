@@ -42,7 +42,10 @@ def _log(service):
 
 def decisions_body(log, since: int, limit: int) -> dict:
     items = log.since(since, limit)
-    return {"object": "list", "last": log.last, "recorded": log.recorded, "capacity": log.maxlen,
+    # `last` is the newest decision in this answer, not the log's: the step thread may record one
+    # between the two reads, and a client polling with `since=last` would never see it.
+    last = items[-1]["seq"] if items else since
+    return {"object": "list", "last": last, "recorded": log.recorded, "capacity": log.maxlen,
             "since": since, "data": items}
 
 
