@@ -13,7 +13,7 @@ from helios.config import PolicyConfig, SchedulerConfig, StudyConfig, preset, st
 from helios.engine.sim_core import SimCore
 from helios.graphs import Catalog, GraphKind, GraphShape
 from helios.runtime.driver import SyncDriver
-from helios.scheduler import CompletionRecord, ExecutionTiming, RequestSpec, Scheduler
+from helios.scheduler import CompletionRecord, ExecutionTiming, FinishReason, RequestSpec, Scheduler
 
 MS = 1_000_000
 
@@ -159,6 +159,14 @@ def cancel_pick(d, handles, pick: int) -> None:
         h = handles[pick % len(handles)]
         if d.requests[h].finish is None:
             d.cancel(h)
+
+
+def assert_whole_outputs(d, handles, want: dict) -> None:
+    """Every request of a random-operation test finished: cancelled, or with its whole output."""
+    for h in handles:
+        r = d.requests[h]
+        assert r.finish is FinishReason.CANCELLED or (r.finish in (FinishReason.EOS, FinishReason.LENGTH)
+                                                       and len(r.tokens) == want[h])
 
 
 def assert_all_ended(sched: Scheduler, d, handles, slots: int) -> None:

@@ -18,7 +18,7 @@ from helios.prepare import Capacities
 from helios.runtime.driver import SyncDriver
 from helios.scheduler import FinishReason, Scheduler
 
-from tests.scheduler.conftest import MS, FixedCosts, cancel_pick
+from tests.scheduler.conftest import MS, FixedCosts, assert_whole_outputs, cancel_pick
 from tests.scheduler.test_state_operations import TABLE
 
 ON = PreemptionConfig(PreemptionPolicy.PRICE, quantum_ms=20.0)
@@ -278,8 +278,6 @@ def test_no_lost_request_leak_or_starvation_with_preemption(ops, ratio, quantum,
         else:
             d.step()
     d.run()  # raises StalledDriver if anything could never run again
-    for h in handles:  # every request finished: cancelled, or with its whole output
-        r = d.requests[h]
-        assert r.finish is FinishReason.CANCELLED or (r.finish in NORMAL and len(r.tokens) == want[h])
+    assert_whole_outputs(d, handles, want)
     assert_nothing_held(sched)
     assert not d.core._requests  # every request was detached from the core

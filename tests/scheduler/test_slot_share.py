@@ -16,7 +16,7 @@ from helios.runtime.driver import SyncDriver
 from helios.scheduler import FinishReason, Scheduler
 from helios.scheduler.slot_share import SlotShares
 
-from tests.scheduler.conftest import MS, FixedCosts, cancel_pick
+from tests.scheduler.conftest import MS, FixedCosts, assert_whole_outputs, cancel_pick
 from tests.scheduler.test_state_operations import TABLE
 
 PRICE = PreemptionConfig(PreemptionPolicy.PRICE, quantum_ms=20.0)
@@ -211,10 +211,7 @@ def test_no_lost_request_or_leaked_slot_or_page_with_shares_and_preemption(greed
         else:
             d.step()
     d.run()  # raises StalledDriver if anything could never run again
-    for h in handles:
-        r = d.requests[h]
-        assert r.finish is FinishReason.CANCELLED or (r.finish in (FinishReason.EOS, FinishReason.LENGTH)
-                                                       and len(r.tokens) == want[h])
+    assert_whole_outputs(d, handles, want)
     assert sched.resources.free_slots == SLOTS and sched.resources.free_pages == sched.resources.total_pages
     assert not sched.state.captures and not sched.state.restoring and not sched.state.held and not len(sched.requests)
     assert not d.core._requests
