@@ -10,6 +10,8 @@ requests, mixed graphs for Helios) and prints, from the simulator's step and req
 - TTFT split into the wait for the request's first graph and the time from there to its first token;
 - the decode-only graphs that ran while some arrived prompt still had no first token;
 - the graphs that carried prompt tokens, their device time and the prompt tokens each carried on average;
+- how much of the requests' wait for their first graph passed with every request slot held (a request
+  holds one from its first graph to its last token), i.e. a wait for a slot rather than for the device;
 - for the requests that missed the TTFT SLO, where their time went: the wait for their first graph,
   the wait before their final prompt chunk (from the end of the graph before it), and the rest (the
   chunks themselves and the other waits between them).
@@ -69,6 +71,9 @@ def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: in
     tokens = np.array([carried.get(s.end_ns, 0) for s in steps])
     bearing = tokens > 0
 
+    slot_bound = _slot_bound_share(np.array([first_graph[h] for h in served]), arrival,
+                                   np.array([log.publications[-1][0] for log in logs]), setup.request_slots)
+
     # The wait before the final chunk: from the end of the request's previous graph to the start of
     # the one that produced its first token (zero for a prompt served in one graph).
     final = np.array([(g[-1].start_ns - g[-2].end_ns) / 1e6 if len(g) > 1 else 0.0
@@ -87,7 +92,25 @@ def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: in
             f"{gaps.mean():.1f} / {np.percentile(gaps, 90):.0f} | {life.mean():.2f} | {spread(wait)} | "
             f"{spread(prompt)} | {int(decode.sum()):,} ({durations[decode].sum() / 1e3:,.0f} s) | "
             f"{int(bearing.sum()):,} ({durations[bearing].sum() / 1e3:,.0f} s), "
-            f"{tokens[bearing].mean() if bearing.any() else 0:.0f} |"), split
+            f"{tokens[bearing].mean() if bearing.any() else 0:.0f} | {slot_bound:.0%} of {wait.sum() / 1e3:,.0f} s |"), split
+
+
+def _slot_bound_share(start: np.ndarray, arrival: np.ndarray, end: np.ndarray, slots: int) -> float:
+    """The share of the waits [arrival, start) that passed with `slots` requests holding a slot, each
+    from its first graph (start) to its last token (end)."""
+    times = np.concatenate([start, end])
+    order = np.argsort(times, kind="stable")
+    t = times[order]
+    held = np.cumsum(np.concatenate([np.ones(len(start)), -np.ones(len(end))])[order])
+    full = (held >= slots).astype(float)
+    # F(x): time with every slot held in [t[0], x), piecewise linear between events.
+    cum = np.concatenate([[0.0], np.cumsum(full[:-1] * np.diff(t))])
+
+    def full_until(x):
+        i = np.clip(np.searchsorted(t, x, side="right") - 1, 0, None)
+        return np.where(x < t[0], 0.0, cum[i] + (x - t[i]) * full[i])
+    waits = (start - arrival).clip(0)
+    return float((full_until(start) - full_until(arrival)).sum() / waits.sum()) if waits.sum() > 0 else 0.0
 
 
 def main() -> None:
@@ -102,8 +125,9 @@ def main() -> None:
     args = ap.parse_args()
     print("| scheduler | busy s | graphs | mean graph ms | gap mean / p90 ms | decoding s | "
           "wait for first graph p50 / mean / p90 ms | first graph to first token p50 / mean / p90 ms | "
-          "decode-only graphs while prompts waited | prompt-bearing graphs (s), prompt tokens per graph |")
-    print("|---|---:|---:|---:|---|---:|---|---|---|---|")
+          "decode-only graphs while prompts waited | prompt-bearing graphs (s), prompt tokens per graph | "
+          "wait for first graph with every slot held |")
+    print("|---|---:|---:|---:|---|---:|---|---|---|---|---|")
     splits = []
     for name in _names(args.schedulers):
         row, split = anatomy(args.trace, name, args.load, args.seed, args.min_requests, args.prefill_capacity,
