@@ -30,9 +30,10 @@ from helios.sim.workload import load_workload, rescale, window_for
 
 
 def anatomy(trace: str, scheduler: str, load: float, seed: int, min_requests: int,
-            prefill_capacity: int | None = None, mixed_prompt_capacity: int | None = None) -> tuple[str, str]:
+            prefill_capacity: int | None = None, mixed_prompt_capacity: int | None = None,
+            cost_model: str | None = None) -> tuple[str, str]:
     setup = setup_from_flags(mixed_prefill=True, prefill_capacity=prefill_capacity,  # None: the default
-                             mixed_prompt_capacity=mixed_prompt_capacity)
+                             mixed_prompt_capacity=mixed_prompt_capacity, cost_model=cost_model)
     window_s = window_for(trace, min_requests, max_context=setup.max_context)
     base = load_workload(trace, window_s, seed=0)
     scale = load / nominal_load(base, int(window_s * NS_PER_S), setup)
@@ -122,6 +123,7 @@ def main() -> None:
     ap.add_argument("--min-requests", type=int, default=1000)
     ap.add_argument("--prefill-capacity", type=int, help="the most prompt tokens in one prefill graph (flare sim report's flag)")
     ap.add_argument("--mixed-prompt-capacity", type=int, help="the largest mixed prompt chunk (flare sim report's flag)")
+    ap.add_argument("--cost-model", help="the cost model (flare sim report's flag; default h100-70b)")
     args = ap.parse_args()
     print("| scheduler | busy s | graphs | mean graph ms | gap mean / p90 ms | decoding s | "
           "wait for first graph p50 / mean / p90 ms | first graph to first token p50 / mean / p90 ms | "
@@ -131,7 +133,7 @@ def main() -> None:
     splits = []
     for name in _names(args.schedulers):
         row, split = anatomy(args.trace, name, args.load, args.seed, args.min_requests, args.prefill_capacity,
-                              args.mixed_prompt_capacity)
+                              args.mixed_prompt_capacity, args.cost_model)
         print(row, flush=True)
         splits.append(split)
     print("\n| scheduler | missed the TTFT SLO | their mean TTFT ms | = wait for first graph | + wait before the "
